@@ -1,0 +1,403 @@
+/* hooks.c - the event-loop and task hooks.
+ *
+ * Each hook is a C method descriptor (PyDescr_NewMethod) set on a standard-library
+ * class in place of one Python method; it calls the saved original and measures
+ * around it. The originals are process-wide, like the classes they come from, so
+ * they live in this file's static `H` rather than in module state: a method
+ * descriptor is called without its module.
+ *
+ * Rules every hook follows:
+ *  - the original is always called, exactly once, with the same arguments, and its
+ *    result or exception is returned unchanged;
+ *  - after the original returns, the session may have been stopped (by the code that
+ *    just ran): compare the session and its generation before touching anything;
+ *  - accounting never raises into the program: an error becomes a fault (ap_fault),
+ *    and an exception in flight from the original is saved and restored around it. */
+#include "profile.h"
+
+#include <string.h>
+
+#define N_SEL 5
+
+static struct {
+    int installed;
+    PyObject *handle_cls, *loop_cls, *sel_cls[N_SEL];     /* strong */
+    PyObject *orig_run, *orig_call_soon, *orig_run_once, *orig_select[N_SEL];
+} H;
+
+/* Every selectors class that defines select() itself (EpollSelector overrides the
+ * one of _PollLikeSelector, for instance). */
+static const char *const sel_names[N_SEL] = {"SelectSelector", "_PollLikeSelector", "EpollSelector",
+                                             "DevpollSelector", "KqueueSelector"};
+
+static PyObject *str_callback, *str_when, *str_timeout;
+
+/* Call `fn(self, *args, **kw)` from a vectorcall-style argument list. */
+static PyObject *call_orig(PyObject *fn, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    PyObject *small[8];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0, total = nargs + nkw + 1;
+    PyObject **buf = total <= 8 ? small : PyMem_Malloc(total * sizeof(PyObject *));
+    if (!buf)
+        return PyErr_NoMemory();
+    buf[0] = self;
+    memcpy(buf + 1, args, (nargs + nkw) * sizeof(PyObject *));
+    PyObject *r = PyObject_Vectorcall(fn, buf, (size_t)(nargs + 1), kwnames);
+    if (buf != small)
+        PyMem_Free(buf);
+    return r;
+}
+
+static inline int still_live(ap_session_t *s, uint64_t gen)
+{
+    return ap_session == s && s->gen == gen && !s->disabled;
+}
+
+/* ------------------------------------------------------------------ Handle._run */
+
+static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
+{
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    if (!s || s->disabled || !(th = ap_thread_get(s)))
+        return PyObject_CallOneArg(H.orig_run, handle);
+    uint64_t gen = s->gen;
+    if (th->depth > 0) {
+        /* A handle run inside another (an eager task step, or user code calling
+         * _run itself): its time is part of the outer handle. */
+        th->depth++;
+        PyObject *r = PyObject_CallOneArg(H.orig_run, handle);
+        if (still_live(s, gen))
+            th->depth--;
+        return r;
+    }
+
+    PyObject *cb = PyObject_GetAttr(handle, str_callback);
+    if (!cb) {
+        ap_fault(s, "reading Handle._callback");
+        return PyObject_CallOneArg(H.orig_run, handle);
+    }
+    ap_loop_t *l = th->loop;
+    ap_ns_t now = ap_clock_wall(), ready = -1, wake_ready = -1;
+    int timer = 0;
+    ap_task_t *t = NULL;
+    uint32_t cbi = AP_NONE;
+    PyObject *task = ap_task_of_callback(s, cb);   /* borrowed: cb keeps it alive */
+    if (task) {
+        t = ap_task_find(s, task);
+        if (!t)
+            t = ap_task_new(s, th, task, now);
+        if (t) {
+            if (t->state == AP_READY)
+                ready = t->t_mark;
+            ap_task_step_begin(s, th, t, now);
+        }
+    } else {
+        if (PyObject_TypeCheck(handle, (PyTypeObject *)s->timer_type)) {
+            timer = 1;
+            PyObject *when = PyObject_GetAttr(handle, str_when);
+            double w = when ? PyFloat_AsDouble(when) : -1.0;
+            Py_XDECREF(when);
+            if (l && l->real_time && w > 0)
+                ready = wake_ready = (ap_ns_t)(w * 1e9);
+        } else if (l) {
+            ready = ap_loop_ring_pop(l, (uintptr_t)handle);
+            if (ready < 0 && th->io_end > 0)
+                ready = wake_ready = th->io_end;   /* an I/O callback: ready when select returned */
+        }
+        cbi = ap_cb_get(s, cb);
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "identifying a handle");
+    if (l && ready >= 0)
+        ap_loop_lag(l, now - ready, timer);
+
+    ap_task_t *prev_task = th->task;
+    ap_ns_t prev_ready = th->cur_ready;
+    th->task = t;
+    th->cur_ready = wake_ready;
+    th->depth++;
+    if (l && th->last_edge > 0 && now > th->last_edge)
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, now - th->last_edge}, now);
+
+    PyObject *r = PyObject_CallOneArg(H.orig_run, handle);
+
+    if (!still_live(s, gen)) {
+        Py_DECREF(cb);
+        return r;
+    }
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    ap_ns_t end = ap_clock_wall(), dur = end - now;
+    th->depth--;
+    th->task = prev_task;
+    th->cur_ready = prev_ready;
+    th->last_edge = end;
+    if (l)
+        th->tick_handles++;
+    if (t && t->state == AP_RUNNING) {
+        uint32_t site_start = t->last_site;
+        ap_task_step_end(s, th, t, task, end);
+        if (dur >= s->slow_ns && l && still_live(s, gen)) {
+            uint32_t site_end = AP_NONE;
+            if (t->state == AP_SUSPENDED && t->coro)
+                site_end = ap_chain_site(s, ap_chain_of(s, t->coro));
+            ap_slow_t rec = {.dur = dur, .task = t->id, .coro = t->coro_idx, .cb = AP_NONE,
+                             .site_start = site_start, .site_end = site_end, .at = now - s->t0};
+            ap_loop_slow(s, l, &rec);
+        }
+    } else if (cbi != AP_NONE) {
+        ap_cb_t *c = &s->cbs[cbi];
+        c->count++;
+        c->busy += dur;
+        if (dur > c->max_step)
+            c->max_step = dur;
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, cbi, NULL, dur}, end);
+        if (dur >= s->slow_ns && l) {
+            ap_slow_t rec = {.dur = dur, .coro = AP_NONE, .cb = cbi, .site_start = AP_NONE,
+                             .site_end = AP_NONE, .at = now - s->t0};
+            ap_loop_slow(s, l, &rec);
+        }
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "accounting a step");
+    ap_exc_restore(&exc);
+    Py_DECREF(cb);
+    return r;
+}
+
+/* ------------------------------------------------------------------ BaseEventLoop._call_soon */
+
+static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *r = call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    if (!r || nargs < 1 || !s || s->disabled || !(th = ap_thread_get(s)))
+        return r;
+    ap_ns_t now = ap_clock_wall();
+    /* A wake-up made by a timer callback dates from the timer's due time, one made by
+     * an I/O callback from when select returned (tokio-console's "woken"). */
+    ap_ns_t ready = th->cur_ready >= 0 ? th->cur_ready : now;
+    PyObject *task = ap_task_of_callback(s, args[0]);
+    if (task) {
+        ap_task_t *t = ap_task_find(s, task);
+        if (!t)
+            ap_task_new(s, th, task, now);
+        else
+            ap_task_wake(s, th, t, ready, now);
+    } else {
+        ap_loop_t *l = th->loop && th->loop->addr == (uintptr_t)loop ? th->loop
+                                                                      : ap_loop_get(s, loop, now);
+        if (l)
+            ap_loop_ring_push(l, (uintptr_t)r, ready);
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "recording a call_soon");
+    return r;
+}
+
+/* ------------------------------------------------------------------ BaseEventLoop._run_once */
+
+static PyObject *hook_run_once(PyObject *loop, PyObject *Py_UNUSED(unused))
+{
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    if (!s || s->disabled || !(th = ap_thread_get(s)) || th->depth > 0)
+        return PyObject_CallOneArg(H.orig_run_once, loop);
+    uint64_t gen = s->gen;
+    ap_ns_t t0 = ap_clock_wall();
+    ap_loop_t *l = ap_loop_get(s, loop, t0);
+    if (!l) {
+        ap_fault(s, "registering an event loop");
+        return PyObject_CallOneArg(H.orig_run_once, loop);
+    }
+    ap_loop_t *prev = th->loop;
+    th->loop = l;
+    th->tick_select = th->tick_capped = 0;
+    th->tick_handles = 0;
+    th->io_end = 0;
+    th->last_edge = t0;
+
+    PyObject *r = PyObject_CallOneArg(H.orig_run_once, loop);
+
+    if (!still_live(s, gen))
+        return r;
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    ap_ns_t t1 = ap_clock_wall();
+    if (t1 > th->last_edge)
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, t1 - th->last_edge}, t1);
+    ap_loop_tick_end(s, th, l, t0, t1);
+    th->loop = prev;
+    th->last_edge = 0;
+    if (PyErr_Occurred())
+        ap_fault(s, "accounting a tick");
+    ap_exc_restore(&exc);
+    return r;
+}
+
+/* ------------------------------------------------------------------ selector.select */
+
+static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames)
+{
+    /* METH_METHOD passes the class the descriptor was made for: it names the original. */
+    int which = 0;
+    while (which < N_SEL - 1 && H.sel_cls[which] != (PyObject *)cls)
+        which++;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    if (!s || s->disabled || !(th = ap_thread_get(s)) || !th->loop || th->depth > 0)
+        return call_orig(H.orig_select[which], sel, args, nargs, kwnames);
+    uint64_t gen = s->gen;
+    PyObject *timeout = nargs > 0 ? args[0] : NULL;
+    for (Py_ssize_t i = 0; kwnames && !timeout && i < PyTuple_GET_SIZE(kwnames); i++)
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), str_timeout) == 0)
+            timeout = args[nargs + i];
+    ap_ns_t timeout_ns = -1;
+    if (timeout && timeout != Py_None) {
+        double d = PyFloat_AsDouble(timeout);
+        if (d == -1.0 && PyErr_Occurred())
+            PyErr_Clear();   /* the original will complain about it, not us */
+        else
+            timeout_ns = d <= 0 ? 0 : (ap_ns_t)(d * 1e9);
+    }
+    ap_loop_t *l = th->loop;
+    ap_ns_t t0 = ap_clock_wall();
+    if (t0 > th->last_edge && th->last_edge > 0)
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, t0 - th->last_edge}, t0);
+
+    PyObject *r = call_orig(H.orig_select[which], sel, args, nargs, kwnames);
+
+    if (!still_live(s, gen))
+        return r;
+    ap_ns_t t1 = ap_clock_wall(), wait = t1 - t0;
+    Py_ssize_t events = r && PyList_Check(r) ? PyList_GET_SIZE(r) : -1;
+    ap_loop_select(s, l, t0, t1, timeout_ns, events);
+    th->tick_select += wait;
+    th->tick_capped += (timeout_ns >= 0 && wait > timeout_ns) ? timeout_ns : wait;
+    th->io_end = t1;
+    th->last_edge = t1;
+    return r;
+}
+
+/* ------------------------------------------------------------------ install */
+
+static PyMethodDef def_run = {"_run", hook_run, METH_NOARGS, "aioprof hook around Handle._run."};
+static PyMethodDef def_call_soon = {"_call_soon", (PyCFunction)(void (*)(void))hook_call_soon,
+                                    METH_FASTCALL | METH_KEYWORDS, "aioprof hook around _call_soon."};
+static PyMethodDef def_run_once = {"_run_once", hook_run_once, METH_NOARGS,
+                                   "aioprof hook around BaseEventLoop._run_once."};
+static PyMethodDef def_select = {"select", (PyCFunction)(void (*)(void))hook_select,
+                                 METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
+                                 "aioprof hook around selector.select."};
+
+/* Replace cls.name by a descriptor for def; saves the original in *orig. */
+static int swap(PyObject *cls, const char *name, PyMethodDef *def, PyObject **orig)
+{
+    PyObject *dict = PyObject_GetAttrString(cls, "__dict__");
+    if (!dict)
+        return -1;
+    PyObject *cur = PyMapping_GetItemString(dict, name);   /* the class's own, not inherited */
+    Py_DECREF(dict);
+    if (!cur)
+        return -1;
+    PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);
+    if (!descr) {
+        Py_DECREF(cur);
+        return -1;
+    }
+    int rc = PyObject_SetAttrString(cls, name, descr);
+    Py_DECREF(descr);
+    if (rc < 0) {
+        Py_DECREF(cur);
+        return -1;
+    }
+    *orig = cur;
+    return 0;
+}
+
+static void restore(PyObject *cls, const char *name, PyObject **orig)
+{
+    if (cls && *orig && PyObject_SetAttrString(cls, name, *orig) < 0)
+        PyErr_Clear();
+    Py_CLEAR(*orig);
+}
+
+static PyObject *get_attr_path(const char *module, const char *attr)
+{
+    PyObject *m = PyImport_ImportModule(module);
+    if (!m)
+        return NULL;
+    PyObject *a = PyObject_GetAttrString(m, attr);
+    Py_DECREF(m);
+    return a;
+}
+
+int ap_hooks_install(PyObject *Py_UNUSED(module))
+{
+    if (H.installed) {
+        PyErr_SetString(PyExc_RuntimeError, "aioprof hooks are already installed");
+        return -1;
+    }
+    if (!str_callback) {
+        str_callback = PyUnicode_InternFromString("_callback");
+        str_when = PyUnicode_InternFromString("_when");
+        str_timeout = PyUnicode_InternFromString("timeout");
+        if (!str_callback || !str_when || !str_timeout)
+            return -1;
+    }
+    H.handle_cls = get_attr_path("asyncio.events", "Handle");
+    H.loop_cls = get_attr_path("asyncio.base_events", "BaseEventLoop");
+    if (!H.handle_cls || !H.loop_cls)
+        goto error;
+    if (swap(H.handle_cls, "_run", &def_run, &H.orig_run) < 0 ||
+        swap(H.loop_cls, "_call_soon", &def_call_soon, &H.orig_call_soon) < 0 ||
+        swap(H.loop_cls, "_run_once", &def_run_once, &H.orig_run_once) < 0)
+        goto error;
+    for (int i = 0; i < N_SEL; i++) {
+        PyObject *cls = get_attr_path("selectors", sel_names[i]);
+        if (!cls) {
+            PyErr_Clear();   /* not on this platform */
+            continue;
+        }
+        PyObject *dict = PyObject_GetAttrString(cls, "__dict__");
+        int own = dict ? PyMapping_HasKeyString(dict, "select") : 0;
+        Py_XDECREF(dict);
+        if (!own) {
+            Py_DECREF(cls);
+            continue;
+        }
+        H.sel_cls[i] = cls;
+        if (swap(cls, "select", &def_select, &H.orig_select[i]) < 0)
+            goto error;
+    }
+    H.installed = 1;
+    return 0;
+error:
+    H.installed = 1;
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    ap_hooks_uninstall();
+    ap_exc_restore(&exc);
+    return -1;
+}
+
+void ap_hooks_uninstall(void)
+{
+    if (!H.installed)
+        return;
+    restore(H.handle_cls, "_run", &H.orig_run);
+    restore(H.loop_cls, "_call_soon", &H.orig_call_soon);
+    restore(H.loop_cls, "_run_once", &H.orig_run_once);
+    for (int i = 0; i < N_SEL; i++) {
+        restore(H.sel_cls[i], "select", &H.orig_select[i]);
+        Py_CLEAR(H.sel_cls[i]);
+    }
+    Py_CLEAR(H.handle_cls);
+    Py_CLEAR(H.loop_cls);
+    H.installed = 0;
+}

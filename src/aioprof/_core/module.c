@@ -1,0 +1,358 @@
+/* module.c - the aioprof._core module: sessions, faults, thread records and the
+ * Python-facing functions (multi-phase init, PEP 489).
+ *
+ * The session is process-wide (ap_session) because the hooks it feeds are installed
+ * on process-wide classes; see hooks.c. */
+#include "profile.h"
+
+#include <string.h>
+
+ap_session_t *ap_session;
+static uint64_t last_gen;
+
+/* Each thread caches its record; the generation tells a record of an older session
+ * (freed at its stop) from the current one. */
+static _Thread_local ap_thread_t *tl_thread;
+static _Thread_local uint64_t tl_gen;
+
+void ap_fault(ap_session_t *s, const char *what)
+{
+    /* Keep the first error's text, switch accounting off, let the program go on. */
+    PyObject *msg = NULL;
+    if (PyErr_Occurred()) {
+        ap_exc_state_t exc;
+        ap_exc_save(&exc);
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *val = exc.exc;
+#else
+        PyErr_NormalizeException(&exc.type, &exc.value, &exc.tb);
+        PyObject *val = exc.value;
+#endif
+        msg = val ? PyUnicode_FromFormat("internal fault while %s (%s: %S); profiling disabled", what,
+                                         _PyType_Name(Py_TYPE(val)), val)
+                  : NULL;
+        ap_exc_restore(&exc);
+        PyErr_Clear();
+    }
+    if (!msg)
+        msg = PyUnicode_FromFormat("internal fault while %s; profiling disabled", what);
+    if (!msg)
+        PyErr_Clear();
+    if (!s->disabled && msg && PyList_Append(s->faults, msg) < 0)
+        PyErr_Clear();
+    Py_XDECREF(msg);
+    s->disabled = 1;
+}
+
+ap_thread_t *ap_thread_get(ap_session_t *s)
+{
+    if (tl_thread && tl_gen == s->gen)
+        return tl_thread;
+    ap_thread_t *th = PyMem_RawCalloc(1, sizeof *th);
+    if (!th) {
+        PyErr_NoMemory();
+        ap_fault(s, "allocating a thread record");
+        return NULL;
+    }
+    th->ident = PyThread_get_thread_ident();
+    th->cur_ready = -1;
+    th->win_wall = ap_clock_wall();
+    th->win_cpu = ap_clock_cpu();
+    th->next = s->threads;
+    s->threads = th;
+    tl_thread = th;
+    tl_gen = s->gen;
+    return th;
+}
+
+static void session_free(ap_session_t *s)
+{
+    /* Live records that were not kept are owned by the live table only. */
+    for (size_t i = 0; i < s->live.cap; i++) {
+        ap_task_t *t = (ap_task_t *)s->live.vals[i];
+        if (s->live.keys[i] && t && !t->kept)
+            ap_task_free(t);
+    }
+    for (uint32_t i = 0; i < s->n_tasks; i++)
+        ap_task_free(s->tasks[i]);
+    PyMem_RawFree(s->tasks);
+    for (uint32_t i = 0; i < s->n_codes; i++) {
+        Py_XDECREF(s->codes[i].code);
+        Py_XDECREF(s->codes[i].qualname);
+        Py_XDECREF(s->codes[i].filename);
+    }
+    PyMem_RawFree(s->codes);
+    PyMem_RawFree(s->sites);
+    for (uint32_t i = 0; i < s->n_chains; i++)
+        PyMem_RawFree(s->chains[i].sites);
+    PyMem_RawFree(s->chains);
+    for (uint32_t i = 0; i < s->n_coros; i++)
+        ap_hist_free(&s->coros[i].hist);
+    PyMem_RawFree(s->coros);
+    for (uint32_t i = 0; i < s->n_cbs; i++)
+        Py_XDECREF(s->cbs[i].name);
+    PyMem_RawFree(s->cbs);
+    for (uint32_t i = 0; i < s->n_loops; i++)
+        ap_loop_free(s->loops[i]);
+    PyMem_RawFree(s->loops);
+    while (s->threads) {
+        ap_thread_t *next = s->threads->next;
+        PyMem_RawFree(s->threads);
+        s->threads = next;
+    }
+    ap_table_free(&s->code_idx);
+    ap_table_free(&s->site_idx);
+    ap_table_free(&s->chain_idx);
+    ap_table_free(&s->cb_idx);
+    ap_table_free(&s->live);
+    ap_table_free(&s->wr_tab);
+    ap_table_free(&s->loop_idx);
+    Py_XDECREF(s->faults);
+    Py_XDECREF(s->asyncio_dir);
+    Py_XDECREF(s->aioprof_dir);
+    Py_XDECREF(s->task_types);
+    Py_XDECREF(s->timer_type);
+    Py_XDECREF(s->wr_task_cb);
+    Py_XDECREF(s->wr_loop_cb);
+    PyMem_RawFree(s);
+}
+
+/* os.path.dirname(module.__file__) + os.sep, as a new reference. */
+static PyObject *package_dir(const char *module)
+{
+    PyObject *m = PyImport_ImportModule(module), *os = NULL, *path = NULL, *file = NULL, *dir = NULL,
+             *sep = NULL, *res = NULL;
+    if (!m || !(os = PyImport_ImportModule("os")) || !(path = PyObject_GetAttrString(os, "path")) ||
+        !(file = PyObject_GetAttrString(m, "__file__")))
+        goto done;
+    PyObject *real = PyObject_CallMethod(path, "realpath", "O", file);
+    if (!real)
+        goto done;
+    dir = PyObject_CallMethod(path, "dirname", "O", real);
+    Py_DECREF(real);
+    if (dir && (sep = PyObject_GetAttrString(os, "sep")))
+        res = PyUnicode_Concat(dir, sep);
+done:
+    Py_XDECREF(m);
+    Py_XDECREF(os);
+    Py_XDECREF(path);
+    Py_XDECREF(file);
+    Py_XDECREF(dir);
+    Py_XDECREF(sep);
+    return res;
+}
+
+static PyObject *task_types(void)
+{
+    PyObject *tasks = PyImport_ImportModule("asyncio.tasks");
+    if (!tasks)
+        return NULL;
+    PyObject *c = PyObject_GetAttrString(tasks, "Task");
+    PyObject *py = PyObject_GetAttrString(tasks, "_PyTask");
+    Py_DECREF(tasks);
+    if (!py)
+        PyErr_Clear();
+    PyObject *res = NULL;
+    if (c)
+        res = (py && py != c) ? PyTuple_Pack(2, c, py) : PyTuple_Pack(1, c);
+    Py_XDECREF(c);
+    Py_XDECREF(py);
+    return res;
+}
+
+/* ------------------------------------------------------------------ Python API */
+
+static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long max_tasks, window, slow;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "start(max_tasks, cpu_window_ns, slow_ns) takes 3 arguments");
+        return NULL;
+    }
+    max_tasks = PyLong_AsLongLong(args[0]);
+    window = PyLong_AsLongLong(args[1]);
+    slow = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (max_tasks < 0 || window <= 0 || slow < 0) {
+        PyErr_SetString(PyExc_ValueError, "start(): max_tasks >= 0, cpu_window_ns > 0 and slow_ns >= 0 required");
+        return NULL;
+    }
+    if (ap_session) {
+        PyErr_SetString(PyExc_RuntimeError, "an aioprof profiler is already running in this process");
+        return NULL;
+    }
+    ap_session_t *s = PyMem_RawCalloc(1, sizeof *s);
+    if (!s)
+        return PyErr_NoMemory();
+    s->gen = ++last_gen;
+    s->max_tasks = (uint64_t)max_tasks;
+    s->cpu_window = window;
+    s->slow_ns = slow;
+    s->faults = PyList_New(0);
+    s->asyncio_dir = package_dir("asyncio");
+    s->aioprof_dir = s->asyncio_dir ? package_dir("aioprof") : NULL;
+    s->task_types = s->aioprof_dir ? task_types() : NULL;
+    PyObject *events = s->task_types ? PyImport_ImportModule("asyncio.events") : NULL;
+    s->timer_type = events ? PyObject_GetAttrString(events, "TimerHandle") : NULL;
+    Py_XDECREF(events);
+    s->wr_task_cb = s->timer_type ? PyObject_GetAttrString(module, "_task_died") : NULL;
+    s->wr_loop_cb = s->wr_task_cb ? PyObject_GetAttrString(module, "_loop_died") : NULL;
+    if (!s->faults || !s->wr_loop_cb) {
+        session_free(s);
+        return NULL;
+    }
+    s->t0 = ap_clock_wall();
+    ap_session = s;
+    if (ap_hooks_install(module) < 0) {
+        ap_session = NULL;
+        session_free(s);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_snapshot(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    ap_session_t *s = ap_session;
+    if (!s) {
+        PyErr_SetString(PyExc_RuntimeError, "no aioprof profiler is running");
+        return NULL;
+    }
+    ap_ns_t now = ap_clock_wall();
+    if (!s->disabled && tl_thread && tl_gen == s->gen)
+        ap_cpu_flush(s, tl_thread, now);
+    return ap_snapshot(s, now);
+}
+
+static PyObject *mod_stop(PyObject *module, PyObject *Py_UNUSED(unused))
+{
+    ap_session_t *s = ap_session;
+    if (!s) {
+        PyErr_SetString(PyExc_RuntimeError, "no aioprof profiler is running");
+        return NULL;
+    }
+    ap_hooks_uninstall();
+    PyObject *snap = mod_snapshot(module, NULL);
+    s->t_stop = ap_clock_wall();
+    ap_session = NULL;
+    session_free(s);
+    return snap;
+}
+
+static PyObject *mod_is_active(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    return PyBool_FromLong(ap_session != NULL);
+}
+
+static PyObject *mod_set_fake_clock(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    if (ap_session) {
+        PyErr_SetString(PyExc_RuntimeError, "set_fake_clock() while profiling would mix two clocks");
+        return NULL;
+    }
+    ap_clock_set_fake(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_fake_advance(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "fake_advance(wall_ns, cpu_ns=0)");
+        return NULL;
+    }
+    long long wall = PyLong_AsLongLong(args[0]);
+    long long cpu = nargs > 1 ? PyLong_AsLongLong(args[1]) : 0;
+    if (PyErr_Occurred())
+        return NULL;
+    if (!ap_clock_is_fake() || wall < 0 || cpu < 0) {
+        PyErr_SetString(PyExc_ValueError, "fake_advance() needs the fake clock on and non-negative steps");
+        return NULL;
+    }
+    ap_clock_advance(wall, cpu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_clock_ns(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    return PyLong_FromLongLong(ap_clock_wall());
+}
+
+static PyObject *mod_hist_quantiles(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "hist_quantiles(values, quantiles)");
+        return NULL;
+    }
+    ap_hist_t h = {0};
+    PyObject *vals = PySequence_Fast(args[0], "values must be a sequence"), *res = NULL;
+    PyObject *qs = vals ? PySequence_Fast(args[1], "quantiles must be a sequence") : NULL;
+    if (!qs)
+        goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(vals); i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(vals, i));
+        if ((v == -1 && PyErr_Occurred()) || ap_hist_add(&h, v) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_NoMemory();
+            goto done;
+        }
+    }
+    res = PyList_New(PySequence_Fast_GET_SIZE(qs));
+    for (Py_ssize_t i = 0; res && i < PySequence_Fast_GET_SIZE(qs); i++) {
+        double q = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(qs, i));
+        if (q == -1.0 && PyErr_Occurred()) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, i, PyLong_FromLongLong(ap_hist_quantile(&h, q)));
+    }
+done:
+    ap_hist_free(&h);
+    Py_XDECREF(vals);
+    Py_XDECREF(qs);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"start", (PyCFunction)(void (*)(void))mod_start, METH_FASTCALL,
+     "start(max_tasks, cpu_window_ns, slow_ns): install the hooks and begin a session."},
+    {"stop", mod_stop, METH_NOARGS, "stop() -> dict: remove the hooks, end the session, return its snapshot."},
+    {"snapshot", mod_snapshot, METH_NOARGS, "snapshot() -> dict: the running session's figures (ns)."},
+    {"is_active", mod_is_active, METH_NOARGS, "is_active() -> bool: a session is running."},
+    {"set_fake_clock", mod_set_fake_clock, METH_O, "set_fake_clock(on): use a clock moved by fake_advance()."},
+    {"fake_advance", (PyCFunction)(void (*)(void))mod_fake_advance, METH_FASTCALL,
+     "fake_advance(wall_ns, cpu_ns=0): move the fake clock forward."},
+    {"clock_ns", mod_clock_ns, METH_NOARGS, "clock_ns() -> int: aioprof's wall clock now (ns)."},
+    {"hist_quantiles", (PyCFunction)(void (*)(void))mod_hist_quantiles, METH_FASTCALL,
+     "hist_quantiles(values_ns, quantiles) -> list: quantiles of values through aioprof's histogram."},
+    {"_task_died", ap_task_died, METH_O, "weak-reference callback (internal)."},
+    {"_loop_died", ap_loop_died, METH_O, "weak-reference callback (internal)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int mod_exec(PyObject *module)
+{
+    return PyModule_AddIntConstant(module, "HIST_BUCKETS", AP_HIST_BUCKETS);
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, mod_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "aioprof._core",
+    .m_doc = "aioprof's measuring core: event-loop and task hooks, clocks, tables, aggregation.",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    return PyModuleDef_Init(&moddef);
+}

@@ -1,0 +1,253 @@
+/* profile.h - the data of one profiling session and the functions that update it.
+ *
+ * One session runs at a time in a process (the hooks sit on shared standard-library
+ * classes), so the hot path reaches it through one pointer, ap_session. Everything
+ * here is touched only with the GIL held.
+ *
+ * Ownership: records hold strong references only to code objects and strings (they
+ * live with the program's code), and to weak references of tasks and loops. Never to
+ * a task, coroutine or frame. */
+#ifndef AP_PROFILE_H
+#define AP_PROFILE_H
+
+#include "compat.h"
+#include "clock.h"
+#include "hist.h"
+#include "table.h"
+
+#define AP_NONE UINT32_MAX
+#define AP_MAX_CHAIN 48      /* await-chain frames kept per suspension */
+#define AP_CPU_PENDING 256   /* handles per CPU window before a forced read */
+#define AP_SLOW_KEEP 200     /* slow steps kept per loop (the longest) */
+#define AP_RING 4096         /* call_soon ready times remembered per loop */
+
+/* Per code object: names and where it lives. Index into s->codes. */
+typedef struct {
+    PyObject *code;       /* strong */
+    PyObject *qualname;   /* strong str */
+    PyObject *filename;   /* strong str */
+    int firstlineno;
+    unsigned is_asyncio : 1, is_aioprof : 1, is_internal : 1;
+    uint32_t coro;        /* index into s->coros once used as a task's coroutine */
+} ap_code_t;
+
+/* A line in an await chain or a creation site: (code, line). Index into s->sites. */
+typedef struct {
+    uint32_t code;
+    int line;
+    uint64_t count, inner_count;
+    ap_ns_t idle, inner_idle;
+} ap_site_t;
+
+/* An interned await chain: site indices, outermost first. Index into s->chains. */
+typedef struct {
+    uint32_t n;
+    uint32_t *sites;
+} ap_chain_t;
+
+/* Per coroutine function of a task. Index into s->coros. */
+typedef struct {
+    uint32_t code;
+    uint64_t tasks, steps;
+    ap_ns_t busy, cpu, scheduled, idle, max_step;
+    ap_hist_t hist;
+} ap_coro_t;
+
+/* Per other callback (not a task step). Index into s->cbs. */
+typedef struct {
+    PyObject *name;       /* strong str */
+    uint32_t code;        /* AP_NONE for built-ins */
+    int internal;
+    uint64_t count;
+    ap_ns_t busy, cpu, max_step;
+} ap_cb_t;
+
+typedef struct {
+    uint32_t chain;
+    uint32_t count;
+    ap_ns_t idle;
+} ap_await_t;
+
+enum { AP_READY, AP_RUNNING, AP_SUSPENDED, AP_DONE };
+enum { AP_R_PENDING, AP_R_DONE, AP_R_CANCELLED, AP_R_FAILED };
+
+typedef struct ap_task {
+    uint64_t id;
+    uintptr_t addr;       /* the task object's address while it lives (table key) */
+    PyObject *wr;         /* strong ref to a weak reference to the task */
+    PyObject *coro;       /* borrowed: valid only while the task is alive and pending */
+    PyObject *name;       /* strong str */
+    PyObject *exc_name;   /* strong str or NULL */
+    uint32_t coro_idx;    /* index into s->coros */
+    uint32_t created;     /* site index or AP_NONE */
+    uint64_t parent;      /* task id or 0 */
+    unsigned long thread;
+    int state, result;
+    unsigned kept : 1, internal : 1, woke_in_step : 1, need_walk : 1, destroyed : 1;
+    uint64_t steps, yields;
+    ap_ns_t busy, cpu, scheduled, idle, max_step;
+    ap_ns_t t_created, t_first, t_end, t_mark, t_step;
+    ap_ns_t susp_idle;    /* idle of the last suspension, charged at the next walk */
+    uint32_t last_site;   /* await site it last resumed from (AP_NONE if unknown) */
+    ap_await_t *awaits;
+    uint32_t n_awaits, cap_awaits;
+} ap_task_t;
+
+typedef struct {
+    ap_ns_t dur;
+    uint64_t task;        /* task id, 0 for a callback */
+    uint32_t coro;        /* coroutine index or AP_NONE */
+    uint32_t cb;          /* callback index or AP_NONE */
+    uint32_t site_start, site_end;
+    uint32_t handles;     /* for a slow tick: handles run in it */
+    int is_tick;
+    ap_ns_t at;           /* start, since the session began */
+} ap_slow_t;
+
+typedef struct {
+    uintptr_t handle;
+    ap_ns_t ready;
+} ap_ready_t;
+
+/* Per event loop. */
+typedef struct ap_loop {
+    uint64_t id;
+    uintptr_t addr;
+    PyObject *wr;         /* strong ref to a weak reference to the loop */
+    PyObject *type_name;  /* strong str */
+    unsigned long thread;
+    int real_time;        /* loop.time() is time.monotonic(): timer due times are comparable */
+    unsigned destroyed : 1;
+    uint64_t ticks, handles, select_calls, io_events;
+    ap_ns_t wall, select_wait, select_capped, overhead_cpu;
+    ap_ns_t first_seen, last_tick_end;
+    double load_ewma;
+    ap_hist_t tick_hist, handles_hist, lag_hist, timer_hist;
+    ap_slow_t slow[AP_SLOW_KEEP];
+    uint32_t n_slow;
+    uint64_t slow_total;
+    /* FIFO of (handle, ready time) for plain call_soon handles: see hooks.c. */
+    ap_ready_t ring[AP_RING];
+    uint32_t ring_head, ring_len;
+} ap_loop_t;
+
+/* Work waiting for the next CPU clock read (see design.md, "CPU time"). */
+typedef struct {
+    ap_task_t *task;      /* kept task record (never freed in-session) or NULL */
+    uint32_t coro, cb;    /* aggregate to charge, AP_NONE if none */
+    ap_loop_t *loop;      /* loop-overhead share if task, coro and cb are all none */
+    ap_ns_t weight;
+} ap_cpu_item_t;
+
+/* Per thread that ran a hook. */
+typedef struct ap_thread {
+    struct ap_thread *next;
+    unsigned long ident;
+    ap_loop_t *loop;      /* loop whose tick is running in this thread, or NULL */
+    int depth;            /* nesting of handle runs (eager steps, manual _run) */
+    ap_task_t *task;      /* task whose step runs now, or NULL */
+    ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
+    ap_ns_t io_end;       /* when select last returned in this thread */
+    ap_ns_t tick_select;  /* select wait inside the current tick */
+    ap_ns_t tick_capped;  /* the same, each select capped at its timeout (for the load) */
+    uint32_t tick_handles;
+    ap_ns_t last_edge;    /* end of the last handle or select: loop overhead starts here */
+    ap_ns_t win_wall, win_cpu;
+    uint32_t n_pending;
+    ap_cpu_item_t pending[AP_CPU_PENDING];
+} ap_thread_t;
+
+typedef struct {
+    uint64_t gen;         /* session number: hooks compare it to detect a stop mid-call */
+    ap_ns_t t0, t_stop;
+    uint64_t max_tasks, n_kept, dropped, next_task_id, next_loop_id;
+    ap_ns_t cpu_window, slow_ns;
+    int disabled;         /* a fault switched accounting off */
+    PyObject *faults;     /* list of str */
+    PyObject *asyncio_dir, *aioprof_dir;   /* strong str, with trailing separator */
+    PyObject *task_types; /* tuple of task classes */
+    PyObject *timer_type; /* asyncio.TimerHandle */
+    PyObject *wr_task_cb, *wr_loop_cb;     /* C functions called when a task/loop dies */
+    ap_table_t code_idx, site_idx, chain_idx, cb_idx, live, wr_tab, loop_idx;
+    ap_code_t *codes; uint32_t n_codes, cap_codes;
+    ap_site_t *sites; uint32_t n_sites, cap_sites;
+    ap_chain_t *chains; uint32_t n_chains, cap_chains;
+    ap_coro_t *coros; uint32_t n_coros, cap_coros;
+    ap_cb_t *cbs; uint32_t n_cbs, cap_cbs;
+    ap_task_t **tasks; uint32_t n_tasks, cap_tasks;   /* kept records, in first-seen order */
+    ap_loop_t **loops; uint32_t n_loops, cap_loops;
+    ap_thread_t *threads;
+} ap_session_t;
+
+extern ap_session_t *ap_session;
+
+/* --- session (module.c) --- */
+/* Record an internal fault: the message goes to the report's warnings, accounting
+ * stops for the rest of the session, and the Python error (if any) is cleared. */
+void ap_fault(ap_session_t *s, const char *what);
+/* The calling thread's record, created on first use; NULL (and a fault) on no memory. */
+ap_thread_t *ap_thread_get(ap_session_t *s);
+
+/* --- tasks.c --- */
+/* Index of the code record of `code` (borrowed), creating it; AP_NONE on error. */
+uint32_t ap_code_get(ap_session_t *s, PyObject *code);
+/* Index of the site (code, line); AP_NONE on error. */
+uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line);
+/* The task behind a loop callback (borrowed), or NULL when it is not a task step. */
+PyObject *ap_task_of_callback(ap_session_t *s, PyObject *callback);
+/* The record of a live task object, or NULL if not seen yet. */
+ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
+/* First sight of a task (in call_soon or at a step). Returns NULL on error (faulted). */
+ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now);
+/* The task was made ready at `ready` (clamped into [t_mark, now]). */
+void ap_task_wake(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t ready, ap_ns_t now);
+/* A step of the task begins/ends at `now`. end: `task` is the live task object. */
+void ap_task_step_begin(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t now);
+void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now);
+/* The interned await chain `coro` is suspended in now (walked from the outermost
+ * coroutine down cr_await / gi_yieldfrom); AP_NONE if none or on error. */
+uint32_t ap_chain_of(ap_session_t *s, PyObject *coro);
+/* The await site of a chain: its innermost frame outside asyncio. */
+uint32_t ap_chain_site(ap_session_t *s, uint32_t chain);
+/* Charge one suspension of `idle` ns to every line of the chain and to the task's
+ * await sites. 0, or -1 on out of memory (error set). */
+int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle);
+/* Record of a non-task callback; AP_NONE on error. */
+uint32_t ap_cb_get(ap_session_t *s, PyObject *callback);
+/* Creation site of the code running now: first frame outside asyncio and aioprof. */
+uint32_t ap_creation_site(ap_session_t *s);
+/* Release a task record's references and memory. */
+void ap_task_free(ap_task_t *t);
+/* Weak-reference callback: the task object died (possibly never finished). */
+PyObject *ap_task_died(PyObject *module, PyObject *wr);
+
+/* --- cpu windows (tasks.c) --- */
+/* Queue a handle's wall time for the CPU share of the current window; reads the CPU
+ * clock when the window is over (now - win_wall >= cpu_window) or the queue is full. */
+void ap_cpu_charge(ap_session_t *s, ap_thread_t *th, ap_cpu_item_t item, ap_ns_t now);
+/* Read the CPU clock now and share the window among the queued handles. */
+void ap_cpu_flush(ap_session_t *s, ap_thread_t *th, ap_ns_t now);
+
+/* --- loopstats.c --- */
+ap_loop_t *ap_loop_get(ap_session_t *s, PyObject *loop, ap_ns_t now);
+void ap_loop_tick_end(ap_session_t *s, ap_thread_t *th, ap_loop_t *l, ap_ns_t t0, ap_ns_t t1);
+void ap_loop_select(ap_session_t *s, ap_loop_t *l, ap_ns_t t0, ap_ns_t t1, ap_ns_t timeout, Py_ssize_t events);
+void ap_loop_lag(ap_loop_t *l, ap_ns_t lag, int timer);
+void ap_loop_slow(ap_session_t *s, ap_loop_t *l, const ap_slow_t *rec);
+void ap_loop_ring_push(ap_loop_t *l, uintptr_t handle, ap_ns_t ready);
+/* Ready time of a plain handle queued by call_soon, or -1 if it was not (I/O). */
+ap_ns_t ap_loop_ring_pop(ap_loop_t *l, uintptr_t handle);
+void ap_loop_free(ap_loop_t *l);
+PyObject *ap_loop_died(PyObject *module, PyObject *wr);
+
+/* --- hooks.c --- */
+/* Install the hooks on the standard-library classes; 0 or -1 with an exception set. */
+int ap_hooks_install(PyObject *module);
+/* Put the original methods back; never fails (errors are cleared). */
+void ap_hooks_uninstall(void);
+
+/* --- snapshot.c --- */
+/* The session's figures as a dict of lists and ints (ns), as of `now`. New ref. */
+PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now);
+
+#endif /* AP_PROFILE_H */

@@ -1,0 +1,700 @@
+/* tasks.c - per-task and per-coroutine accounting, await chains, creation sites,
+ * callbacks, and the CPU windows.
+ *
+ * A task's life is a small state machine driven by the hooks (docs/design.md):
+ * READY -> RUNNING -> SUSPENDED -> READY ... -> DONE. Every transition adds the time
+ * since the last one to exactly one of busy, scheduled or idle, so the three always
+ * sum to the task's lifetime. */
+#include "profile.h"
+
+#include <string.h>
+
+/* Grow a dynamic array so that index n is valid. */
+static int ensure(void **arr, uint32_t *cap, size_t elem, uint32_t n)
+{
+    if (n < *cap)
+        return 0;
+    uint32_t ncap = *cap ? *cap * 2 : 64;
+    void *p = PyMem_RawRealloc(*arr, (size_t)ncap * elem);
+    if (!p)
+        return -1;
+    memset((char *)p + (size_t)*cap * elem, 0, (size_t)(ncap - *cap) * elem);
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+static int starts_with(PyObject *str, PyObject *prefix)
+{
+    return prefix && str && PyUnicode_Check(str) &&
+           PyUnicode_Tailmatch(str, prefix, 0, PY_SSIZE_T_MAX, -1) == 1;
+}
+
+/* ------------------------------------------------------------------ codes, sites */
+
+uint32_t ap_code_get(ap_session_t *s, PyObject *code)
+{
+    uintptr_t v = ap_table_get(&s->code_idx, (uintptr_t)code);
+    if (v)
+        return (uint32_t)(v - 1);
+    if (ensure((void **)&s->codes, &s->cap_codes, sizeof(ap_code_t), s->n_codes) < 0) {
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    PyObject *qual = ap_code_qualname((PyCodeObject *)code);
+    PyObject *file = PyObject_GetAttrString(code, "co_filename");
+    PyObject *first = PyObject_GetAttrString(code, "co_firstlineno");
+    if (!qual || !file || !first) {
+        Py_XDECREF(qual);
+        Py_XDECREF(file);
+        Py_XDECREF(first);
+        return AP_NONE;
+    }
+    uint32_t idx = s->n_codes;
+    ap_code_t *c = &s->codes[idx];
+    c->code = Py_NewRef(code);
+    c->qualname = qual;
+    c->filename = file;
+    c->firstlineno = (int)PyLong_AsLong(first);
+    Py_DECREF(first);
+    c->is_asyncio = starts_with(file, s->asyncio_dir);
+    c->is_aioprof = starts_with(file, s->aioprof_dir);
+    /* asyncio's own coroutines: methods (BaseEventLoop.shutdown_asyncgens) and private
+     * functions; public ones such as sleep() are what the user asked for. */
+    c->is_internal = c->is_asyncio &&
+                     (PyUnicode_FindChar(qual, '.', 0, PY_SSIZE_T_MAX, 1) >= 0 ||
+                      PyUnicode_ReadChar(qual, 0) == '_');
+    c->coro = AP_NONE;
+    if (ap_table_put(&s->code_idx, (uintptr_t)code, idx + 1) < 0) {
+        Py_CLEAR(c->code);
+        Py_CLEAR(c->qualname);
+        Py_CLEAR(c->filename);
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    s->n_codes++;
+    return idx;
+}
+
+uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line)
+{
+    uintptr_t key = ap_mix2((uintptr_t)code, (uintptr_t)(unsigned)line);
+    uintptr_t v = ap_table_get(&s->site_idx, key);
+    if (v) {
+        ap_site_t *st = &s->sites[v - 1];
+        /* A 64-bit mix collision is astronomically rare; treat it as unknown. */
+        return (s->codes[st->code].code == code && st->line == line) ? (uint32_t)(v - 1) : AP_NONE;
+    }
+    uint32_t c = ap_code_get(s, code);
+    if (c == AP_NONE)
+        return AP_NONE;
+    if (ensure((void **)&s->sites, &s->cap_sites, sizeof(ap_site_t), s->n_sites) < 0 ||
+        ap_table_put(&s->site_idx, key, s->n_sites + 1) < 0) {
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    ap_site_t *st = &s->sites[s->n_sites];
+    memset(st, 0, sizeof *st);
+    st->code = c;
+    st->line = line;
+    return s->n_sites++;
+}
+
+static uint32_t chain_get(ap_session_t *s, const uint32_t *sites, uint32_t n)
+{
+    uintptr_t key = ap_mix2(n, 0x5157);
+    for (uint32_t i = 0; i < n; i++)
+        key = ap_mix2(key, sites[i]);
+    uintptr_t v = ap_table_get(&s->chain_idx, key);
+    if (v) {
+        ap_chain_t *c = &s->chains[v - 1];
+        return (c->n == n && memcmp(c->sites, sites, n * sizeof *sites) == 0) ? (uint32_t)(v - 1) : AP_NONE;
+    }
+    uint32_t *copy = PyMem_RawMalloc(n * sizeof *sites + 1);
+    if (!copy || ensure((void **)&s->chains, &s->cap_chains, sizeof(ap_chain_t), s->n_chains) < 0 ||
+        ap_table_put(&s->chain_idx, key, s->n_chains + 1) < 0) {
+        PyMem_RawFree(copy);
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    memcpy(copy, sites, n * sizeof *sites);
+    s->chains[s->n_chains].n = n;
+    s->chains[s->n_chains].sites = copy;
+    return s->n_chains++;
+}
+
+/* ------------------------------------------------------------------ identifying tasks */
+
+static PyMethodDef *wakeup_def;      /* C Task's task_wakeup, learnt on first sight */
+static PyTypeObject *stepwrap_type;  /* C Task's TaskStepMethWrapper */
+
+static int is_task(ap_session_t *s, PyObject *obj)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(s->task_types);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyObject_TypeCheck(obj, (PyTypeObject *)PyTuple_GET_ITEM(s->task_types, i)))
+            return 1;
+    return 0;
+}
+
+static int name_is(const char *tp_name, const char *want)
+{
+    size_t a = strlen(tp_name), b = strlen(want);
+    return a >= b && strcmp(tp_name + a - b, want) == 0 && (a == b || tp_name[a - b - 1] == '.');
+}
+
+PyObject *ap_task_of_callback(ap_session_t *s, PyObject *cb)
+{
+    PyTypeObject *tp = Py_TYPE(cb);
+    if (tp == stepwrap_type || (!stepwrap_type && name_is(tp->tp_name, "TaskStepMethWrapper"))) {
+        PyObject *self = PyObject_GetAttrString(cb, "__self__");
+        if (!self) {
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_DECREF(self);   /* the wrapper keeps the task alive: borrowed is safe */
+        if (!is_task(s, self))
+            return NULL;
+        stepwrap_type = tp;
+        return self;
+    }
+    if (PyCFunction_Check(cb)) {
+        PyMethodDef *ml = ((PyCFunctionObject *)cb)->m_ml;
+        if (ml != wakeup_def && (wakeup_def || strcmp(ml->ml_name, "task_wakeup") != 0))
+            return NULL;
+        PyObject *self = PyCFunction_GET_SELF(cb);
+        if (!self || !is_task(s, self))
+            return NULL;
+        wakeup_def = ml;
+        return self;
+    }
+    if (PyMethod_Check(cb)) {
+        /* The pure-Python Task schedules its bound __step / __wakeup. */
+        PyObject *fn = PyMethod_GET_FUNCTION(cb);
+        if (!PyFunction_Check(fn))
+            return NULL;
+        PyObject *name = ((PyFunctionObject *)fn)->func_name;
+        if (!PyUnicode_Check(name) || (PyUnicode_CompareWithASCIIString(name, "__step") != 0 &&
+                                       PyUnicode_CompareWithASCIIString(name, "__wakeup") != 0))
+            return NULL;
+        PyObject *self = PyMethod_GET_SELF(cb);
+        return is_task(s, self) ? self : NULL;
+    }
+    return NULL;
+}
+
+ap_task_t *ap_task_find(ap_session_t *s, PyObject *task)
+{
+    return (ap_task_t *)ap_table_get(&s->live, (uintptr_t)task);
+}
+
+/* Has the coroutine not started yet? (Then the task was created just now.) */
+static int coro_unstarted(PyObject *coro)
+{
+    if (!PyCoro_CheckExact(coro) && !PyGen_Check(coro))
+        return 1;   /* any other awaitable: no way to tell, assume new */
+    PyObject *frame = PyObject_GetAttrString(coro, PyCoro_CheckExact(coro) ? "cr_frame" : "gi_frame");
+    if (!frame)
+        return -1;
+    int r = 0;
+    if (frame != Py_None) {
+        PyObject *lasti = PyObject_GetAttrString(frame, "f_lasti");
+        if (!lasti) {
+            Py_DECREF(frame);
+            return -1;
+        }
+        /* f_lasti is -1 before the first instruction ran on 3.10; from 3.11 the
+         * RESUME at offset 0 means "not started" as long as it is < 0 or 0. */
+        long v = PyLong_AsLong(lasti);
+        Py_DECREF(lasti);
+        r = v <= 0;
+    }
+    Py_DECREF(frame);
+    return r;
+}
+
+uint32_t ap_creation_site(ap_session_t *s)
+{
+    PyFrameObject *f = ap_current_frame();
+    Py_XINCREF(f);
+    uint32_t site = AP_NONE;
+    for (int depth = 0; f && depth < 128; depth++) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        uint32_t c = ap_code_get(s, (PyObject *)code);
+        if (c == AP_NONE) {
+            Py_DECREF(code);
+            break;
+        }
+        if (!s->codes[c].is_asyncio && !s->codes[c].is_aioprof) {
+            site = ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f));
+            Py_DECREF(code);
+            break;
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    return site;
+}
+
+static uint32_t coro_get(ap_session_t *s, PyObject *coro)
+{
+    PyObject *code = NULL;
+    if (PyCoro_CheckExact(coro))
+        code = PyObject_GetAttrString(coro, "cr_code");
+    else if (PyGen_Check(coro))
+        code = PyObject_GetAttrString(coro, "gi_code");
+    if (!code) {
+        PyErr_Clear();
+        return AP_NONE;   /* not a coroutine object: no per-coroutine row */
+    }
+    uint32_t c = PyCode_Check(code) ? ap_code_get(s, code) : AP_NONE;
+    Py_DECREF(code);
+    if (c == AP_NONE)
+        return AP_NONE;
+    if (s->codes[c].coro != AP_NONE)
+        return s->codes[c].coro;
+    if (ensure((void **)&s->coros, &s->cap_coros, sizeof(ap_coro_t), s->n_coros) < 0) {
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    memset(&s->coros[s->n_coros], 0, sizeof(ap_coro_t));
+    s->coros[s->n_coros].code = c;
+    s->codes[c].coro = s->n_coros;
+    return s->n_coros++;
+}
+
+ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now)
+{
+    ap_task_t *t = PyMem_RawCalloc(1, sizeof *t);
+    if (!t) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    t->id = ++s->next_task_id;
+    t->addr = (uintptr_t)task;
+    t->thread = th->ident;
+    t->coro_idx = t->created = t->last_site = AP_NONE;
+    t->state = AP_READY;
+    t->t_created = t->t_mark = now;
+    t->t_first = t->t_end = -1;
+
+    PyObject *coro = PyObject_CallMethod(task, "get_coro", NULL);
+    if (!coro)
+        goto error;
+    t->coro = coro;   /* borrowed from here on: the task holds it while pending */
+    Py_DECREF(coro);
+    t->name = PyObject_CallMethod(task, "get_name", NULL);
+    if (!t->name)
+        goto error;
+    int fresh = coro != Py_None ? coro_unstarted(coro) : 0;
+    if (fresh < 0)
+        goto error;
+    if (fresh) {
+        t->created = ap_creation_site(s);
+        if (PyErr_Occurred())
+            goto error;
+        t->parent = th->task ? th->task->id : 0;
+    }
+    t->coro_idx = coro_get(s, coro);
+    if (PyErr_Occurred())
+        goto error;
+    if (t->coro_idx != AP_NONE) {
+        ap_coro_t *c = &s->coros[t->coro_idx];
+        c->tasks++;
+        t->internal = s->codes[c->code].is_internal;
+    }
+    t->wr = PyWeakref_NewRef(task, s->wr_task_cb);
+    if (!t->wr)
+        goto error;
+    if (ap_table_put(&s->live, t->addr, (uintptr_t)t) < 0 ||
+        ap_table_put(&s->wr_tab, (uintptr_t)t->wr, (uintptr_t)t) < 0) {
+        ap_table_del(&s->live, t->addr);
+        PyErr_NoMemory();
+        goto error;
+    }
+    if (s->n_kept < s->max_tasks) {
+        if (ensure((void **)&s->tasks, &s->cap_tasks, sizeof(ap_task_t *), s->n_tasks) < 0) {
+            ap_table_del(&s->live, t->addr);
+            ap_table_del(&s->wr_tab, (uintptr_t)t->wr);
+            PyErr_NoMemory();
+            goto error;
+        }
+        s->tasks[s->n_tasks++] = t;
+        s->n_kept++;
+        t->kept = 1;
+    } else {
+        s->dropped++;
+    }
+    return t;
+error:
+    ap_task_free(t);
+    return NULL;
+}
+
+void ap_task_free(ap_task_t *t)
+{
+    Py_XDECREF(t->wr);
+    Py_XDECREF(t->name);
+    Py_XDECREF(t->exc_name);
+    PyMem_RawFree(t->awaits);
+    PyMem_RawFree(t);
+}
+
+/* Stop tracking a task that will not run again: the record stays for the report if
+ * kept, otherwise it is freed. */
+static void task_retire(ap_session_t *s, ap_task_t *t)
+{
+    ap_table_del(&s->live, t->addr);
+    if (t->wr) {
+        ap_table_del(&s->wr_tab, (uintptr_t)t->wr);
+        Py_CLEAR(t->wr);   /* dropping the weak reference: its callback will not run */
+    }
+    t->coro = NULL;
+    if (!t->kept)
+        ap_task_free(t);
+}
+
+PyObject *ap_task_died(PyObject *Py_UNUSED(module), PyObject *wr)
+{
+    ap_session_t *s = ap_session;
+    if (!s)
+        Py_RETURN_NONE;
+    ap_task_t *t = (ap_task_t *)ap_table_get(&s->wr_tab, (uintptr_t)wr);
+    if (!t)
+        Py_RETURN_NONE;
+    /* Destroyed while pending ("Task was destroyed but it is pending!"): close its
+     * timeline now so its times still sum to its lifetime. */
+    ap_ns_t now = ap_clock_wall();
+    if (t->state == AP_READY)
+        t->scheduled += now - t->t_mark;
+    else if (t->state == AP_SUSPENDED)
+        t->idle += now - t->t_mark;
+    if (t->coro_idx != AP_NONE) {
+        ap_coro_t *c = &s->coros[t->coro_idx];
+        if (t->state == AP_READY)
+            c->scheduled += now - t->t_mark;
+        else if (t->state == AP_SUSPENDED)
+            c->idle += now - t->t_mark;
+    }
+    t->state = AP_DONE;
+    t->destroyed = 1;
+    t->t_end = now;
+    task_retire(s, t);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ await chains */
+
+/* Walk the await chain of `coro` (outermost first) into out[]; frames in asyncio's
+ * own package are dropped unless nothing else is left. Returns the count, -1 on error. */
+static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
+{
+    int n = 0;
+    uint32_t last_asyncio = AP_NONE;
+    PyObject *cur = Py_NewRef(coro);
+    for (int depth = 0; cur && cur != Py_None && depth < 256; depth++) {
+        const char *fattr, *aattr;
+        if (PyCoro_CheckExact(cur)) {
+            fattr = "cr_frame";
+            aattr = "cr_await";
+        } else if (PyGen_Check(cur)) {
+            fattr = "gi_frame";
+            aattr = "gi_yieldfrom";
+        } else {
+            break;   /* a Future or another awaitable: the chain ends here */
+        }
+        PyObject *frame = PyObject_GetAttrString(cur, fattr);
+        if (!frame)
+            goto error;
+        if (frame == Py_None) {
+            Py_DECREF(frame);
+            break;
+        }
+        PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
+        int line = PyFrame_GetLineNumber((PyFrameObject *)frame);
+        Py_DECREF(frame);
+        uint32_t site = ap_site_get(s, (PyObject *)code, line);
+        Py_DECREF(code);
+        if (site == AP_NONE) {
+            if (PyErr_Occurred())
+                goto error;
+        } else if (s->codes[s->sites[site].code].is_asyncio) {
+            last_asyncio = site;
+        } else if (n < AP_MAX_CHAIN) {
+            out[n++] = site;
+        }
+        PyObject *next = PyObject_GetAttrString(cur, aattr);
+        if (!next)
+            goto error;
+        Py_DECREF(cur);
+        cur = next;
+    }
+    Py_XDECREF(cur);
+    if (n == 0 && last_asyncio != AP_NONE)
+        out[n++] = last_asyncio;
+    return n;
+error:
+    Py_XDECREF(cur);
+    return -1;
+}
+
+uint32_t ap_chain_of(ap_session_t *s, PyObject *coro)
+{
+    uint32_t sites[AP_MAX_CHAIN];
+    int n = walk_chain(s, coro, sites);
+    return n <= 0 ? AP_NONE : chain_get(s, sites, (uint32_t)n);
+}
+
+uint32_t ap_chain_site(ap_session_t *s, uint32_t chain)
+{
+    return chain == AP_NONE ? AP_NONE : s->chains[chain].sites[s->chains[chain].n - 1];
+}
+
+int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle)
+{
+    ap_chain_t *c = &s->chains[chain];
+    for (uint32_t i = 0; i < c->n; i++) {
+        int dup = 0;   /* recursion can put a line twice on one chain: charge it once */
+        for (uint32_t j = 0; j < i && !dup; j++)
+            dup = c->sites[j] == c->sites[i];
+        if (dup)
+            continue;
+        s->sites[c->sites[i]].count++;
+        s->sites[c->sites[i]].idle += idle;
+    }
+    s->sites[c->sites[c->n - 1]].inner_count++;
+    s->sites[c->sites[c->n - 1]].inner_idle += idle;
+    uint32_t i = 0;
+    while (i < t->n_awaits && t->awaits[i].chain != chain)
+        i++;
+    if (i == t->n_awaits) {
+        if (ensure((void **)&t->awaits, &t->cap_awaits, sizeof(ap_await_t), i) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->awaits[i].chain = chain;
+        t->n_awaits++;
+    }
+    t->awaits[i].count++;
+    t->awaits[i].idle += idle;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ transitions */
+
+void ap_task_wake(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *t, ap_ns_t ready, ap_ns_t now)
+{
+    if (t->state == AP_RUNNING) {
+        t->woke_in_step = 1;   /* a bare yield (sleep(0)): ready again when the step ends */
+        return;
+    }
+    if (t->state != AP_SUSPENDED)
+        return;                /* already ready: the earliest wake-up counts */
+    if (ready < t->t_mark || ready > now)
+        ready = ready < t->t_mark ? t->t_mark : now;
+    ap_ns_t idle = ready - t->t_mark;
+    t->idle += idle;
+    t->susp_idle = idle;
+    t->need_walk = 1;
+    if (t->coro_idx != AP_NONE)
+        s->coros[t->coro_idx].idle += idle;
+    t->state = AP_READY;
+    t->t_mark = ready;
+}
+
+void ap_task_step_begin(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *t, ap_ns_t now)
+{
+    ap_coro_t *c = t->coro_idx != AP_NONE ? &s->coros[t->coro_idx] : NULL;
+    if (t->state == AP_SUSPENDED) {
+        /* woken by a path aioprof did not see (e.g. an eager start): all idle */
+        ap_ns_t idle = now - t->t_mark;
+        t->idle += idle;
+        t->susp_idle = idle;
+        t->need_walk = 1;
+        if (c)
+            c->idle += idle;
+    } else if (t->state == AP_READY) {
+        t->scheduled += now - t->t_mark;
+        if (c)
+            c->scheduled += now - t->t_mark;
+    }
+    if (t->need_walk) {
+        /* The coroutine has not resumed yet: its await chain is still where it was
+         * suspended. Walking here, not at every step end, means bare yields
+         * (sleep(0)) never pay for a walk. */
+        t->need_walk = 0;
+        uint32_t chain = t->coro ? ap_chain_of(s, t->coro) : AP_NONE;
+        if (chain != AP_NONE && ap_chain_charge(s, t, chain, t->susp_idle) == 0)
+            t->last_site = ap_chain_site(s, chain);
+        if (PyErr_Occurred())
+            ap_fault(s, "walking an await chain");
+    }
+    if (t->t_first < 0)
+        t->t_first = now;
+    t->state = AP_RUNNING;
+    t->t_step = now;
+    t->woke_in_step = 0;
+}
+
+void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now)
+{
+    ap_ns_t dur = now - t->t_step;
+    t->busy += dur;
+    t->steps++;
+    if (dur > t->max_step)
+        t->max_step = dur;
+    if (t->coro_idx != AP_NONE) {
+        ap_coro_t *c = &s->coros[t->coro_idx];
+        c->busy += dur;
+        c->steps++;
+        if (dur > c->max_step)
+            c->max_step = dur;
+        if (ap_hist_add(&c->hist, dur) < 0)
+            ap_fault(s, "out of memory in a histogram");
+    }
+    ap_cpu_charge(s, th, (ap_cpu_item_t){t->kept ? t : NULL, t->coro_idx, AP_NONE, NULL, dur}, now);
+    t->t_mark = now;
+    if (t->woke_in_step) {
+        t->state = AP_READY;
+        t->yields++;
+        return;
+    }
+    /* Not rescheduled by its own step: suspended on something, or finished. */
+    PyObject *r = PyObject_CallMethod(task, "done", NULL);
+    if (!r) {
+        ap_fault(s, "calling Task.done()");
+        return;
+    }
+    int done = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (!done) {
+        t->state = AP_SUSPENDED;
+        return;
+    }
+    t->state = AP_DONE;
+    t->t_end = now;
+    r = PyObject_CallMethod(task, "cancelled", NULL);
+    if (r && PyObject_IsTrue(r)) {
+        t->result = AP_R_CANCELLED;
+    } else if (r) {
+        PyObject *exc = PyObject_CallMethod(task, "exception", NULL);
+        if (exc && exc != Py_None) {
+            t->result = AP_R_FAILED;
+            t->exc_name = PyUnicode_FromString(_PyType_Name(Py_TYPE(exc)));
+        } else {
+            t->result = AP_R_DONE;
+        }
+        Py_XDECREF(exc);
+    }
+    Py_XDECREF(r);
+    if (PyErr_Occurred())
+        ap_fault(s, "reading a finished task's result");
+    task_retire(s, t);
+}
+
+/* ------------------------------------------------------------------ callbacks */
+
+uint32_t ap_cb_get(ap_session_t *s, PyObject *cb)
+{
+    /* Unwrap functools.partial and bound methods down to a function when possible. */
+    PyObject *fn = cb;
+    for (int i = 0; i < 4; i++) {
+        if (PyMethod_Check(fn)) {
+            fn = PyMethod_GET_FUNCTION(fn);
+        } else if (!PyFunction_Check(fn) && !PyCFunction_Check(fn) &&
+                   strcmp(Py_TYPE(fn)->tp_name, "functools.partial") == 0) {
+            PyObject *inner = PyObject_GetAttrString(fn, "func");
+            if (!inner) {
+                PyErr_Clear();
+                break;
+            }
+            Py_DECREF(inner);   /* the partial keeps it alive */
+            fn = inner;
+        } else {
+            break;
+        }
+    }
+    uintptr_t key;
+    PyObject *code = NULL;
+    if (PyFunction_Check(fn)) {
+        code = PyFunction_GET_CODE(fn);
+        key = (uintptr_t)code;
+    } else if (PyCFunction_Check(fn)) {
+        key = ap_mix2((uintptr_t)((PyCFunctionObject *)fn)->m_ml, 1);
+    } else {
+        key = ap_mix2((uintptr_t)Py_TYPE(fn), 2);
+    }
+    uintptr_t v = ap_table_get(&s->cb_idx, key);
+    if (v)
+        return (uint32_t)(v - 1);
+    if (ensure((void **)&s->cbs, &s->cap_cbs, sizeof(ap_cb_t), s->n_cbs) < 0) {
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    ap_cb_t *r = &s->cbs[s->n_cbs];
+    memset(r, 0, sizeof *r);
+    r->code = AP_NONE;
+    if (code) {
+        r->code = ap_code_get(s, code);
+        if (r->code == AP_NONE)
+            return AP_NONE;
+        r->name = Py_NewRef(s->codes[r->code].qualname);
+        r->internal = s->codes[r->code].is_asyncio;
+    } else {
+        PyObject *q = PyObject_GetAttrString(fn, "__qualname__");
+        if (!q) {
+            PyErr_Clear();
+            q = PyUnicode_FromString(Py_TYPE(fn)->tp_name);
+            if (!q)
+                return AP_NONE;
+        }
+        r->name = q;
+        /* Built-ins bound to asyncio's futures (set_result, ...) are asyncio plumbing. */
+        PyObject *self = PyCFunction_Check(fn) ? PyCFunction_GET_SELF(fn) : NULL;
+        r->internal = self && PyModule_Check(self) == 0 &&
+                      strncmp(Py_TYPE(self)->tp_name, "_asyncio.", 9) == 0;
+    }
+    if (ap_table_put(&s->cb_idx, key, s->n_cbs + 1) < 0) {
+        Py_CLEAR(r->name);
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    return s->n_cbs++;
+}
+
+/* ------------------------------------------------------------------ CPU windows */
+
+void ap_cpu_flush(ap_session_t *s, ap_thread_t *th, ap_ns_t now)
+{
+    ap_ns_t cpu = ap_clock_cpu();
+    ap_ns_t spent = cpu - th->win_cpu, total = 0;
+    for (uint32_t i = 0; i < th->n_pending; i++)
+        total += th->pending[i].weight;
+    for (uint32_t i = 0; i < th->n_pending && total > 0 && spent > 0; i++) {
+        ap_cpu_item_t *it = &th->pending[i];
+        ap_ns_t share = (ap_ns_t)((double)spent * (double)it->weight / (double)total);
+        if (it->task)
+            it->task->cpu += share;
+        if (it->coro != AP_NONE)
+            s->coros[it->coro].cpu += share;
+        else if (it->cb != AP_NONE)
+            s->cbs[it->cb].cpu += share;
+        else if (it->loop)
+            it->loop->overhead_cpu += share;
+    }
+    th->n_pending = 0;
+    th->win_cpu = cpu;
+    th->win_wall = now;
+}
+
+void ap_cpu_charge(ap_session_t *s, ap_thread_t *th, ap_cpu_item_t item, ap_ns_t now)
+{
+    if (th->n_pending == AP_CPU_PENDING)
+        ap_cpu_flush(s, th, now);   /* full: read now (amortised over 256 handles) */
+    th->pending[th->n_pending++] = item;
+    if (now - th->win_wall >= s->cpu_window)
+        ap_cpu_flush(s, th, now);
+}

@@ -1,0 +1,132 @@
+"""The `Profiler` class: start and stop the C core and turn its snapshot into a report.
+
+The core (`aioprof._core`) counts integer nanoseconds; this module converts them to
+seconds (every key ending in ``_ns`` becomes the same key ending in ``_s``) and
+assembles the JSON document described in docs/json.md.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+import warnings
+from typing import IO, Any, Optional
+
+from aioprof import _core
+
+__all__ = ["Profiler"]
+
+
+def _to_seconds(obj: Any) -> Any:
+    """Return a copy of `obj` whose ``*_ns`` integer fields are ``*_s`` floats."""
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if key.endswith("_ns") and (value is None or isinstance(value, int)):
+                out[key[:-3] + "_s"] = None if value is None else value / 1e9
+            else:
+                out[key] = _to_seconds(value)
+        return out
+    if isinstance(obj, list):
+        return [_to_seconds(v) for v in obj]
+    return obj
+
+
+class Profiler:
+    """Profile the asyncio event loops of this process.
+
+    Use as ``with aioprof.Profiler() as p: ...`` or with ``p.start()`` / ``p.stop()``.
+    Only one profiler can run at a time in a process; it watches every standard-library
+    event loop in every thread while it runs.
+
+    Args:
+        max_tasks: per-task records kept (int >= 0); tasks past this are still folded
+            into the per-coroutine aggregates and counted in ``dropped_tasks``.
+        cpu_window: seconds (float > 0); the thread CPU clock is read at most once per
+            window and its CPU time is shared among the steps that ran in it in
+            proportion to their wall time (docs/design.md).
+        slow_ms: milliseconds (float >= 0); a step or callback at least this long is
+            recorded as a slow step.
+
+    Raises:
+        ValueError: an argument is out of range.
+        RuntimeError: from ``start()`` when another profiler is already running.
+    """
+
+    def __init__(self, *, max_tasks: int = 10000, cpu_window: float = 0.001,
+                 slow_ms: float = 100.0) -> None:
+        if not isinstance(max_tasks, int) or max_tasks < 0:
+            raise ValueError(f"max_tasks must be an int >= 0, not {max_tasks!r}")
+        if not cpu_window > 0:
+            raise ValueError(f"cpu_window must be > 0 seconds, not {cpu_window!r}")
+        if not slow_ms >= 0:
+            raise ValueError(f"slow_ms must be >= 0, not {slow_ms!r}")
+        self.max_tasks = max_tasks
+        self.cpu_window = float(cpu_window)
+        self.slow_ms = float(slow_ms)
+        self._final: Optional[dict] = None
+        self._running = False
+
+    # -- life cycle ---------------------------------------------------------------
+    def start(self) -> "Profiler":
+        """Install the hooks and start counting; returns self.
+
+        Raises RuntimeError if a profiler is already running in this process.
+        """
+        _core.start(self.max_tasks, int(self.cpu_window * 1e9), int(self.slow_ms * 1e6))
+        self._running = True
+        self._final = None
+        return self
+
+    def stop(self) -> "Profiler":
+        """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
+        if self._running:
+            self._running = False
+            self._final = self._document(_core.stop())
+        return self
+
+    @property
+    def running(self) -> bool:
+        """True between start() and stop()."""
+        return self._running
+
+    def __enter__(self) -> "Profiler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- results ------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Return the report as the JSON document of docs/json.md (dicts and lists).
+
+        While running, a snapshot as of now (pending tasks are counted up to now);
+        after stop(), the final snapshot. Raises RuntimeError if never started.
+        """
+        if self._running:
+            return self._document(_core.snapshot())
+        if self._final is None:
+            raise RuntimeError("this Profiler was never started")
+        return self._final
+
+    def report(self, format: str = "text", file: Optional[IO[str]] = None, *,
+               sort: str = "busy", limit: Optional[int] = None, by: str = "coroutine",
+               show_internal: bool = False, width: Optional[int] = None) -> None:
+        """Write the report to `file` (default sys.stderr).
+
+        format: "text" (tables) or "json" (docs/json.md). sort, limit, by,
+        show_internal and width shape the text report (see `aioprof.report.text`).
+        Raises ValueError for an unknown format, sort or by.
+        """
+        from aioprof import report as _report
+
+        _report.write(self.stats(), format=format, file=file if file is not None else sys.stderr,
+                      sort=sort, limit=limit, by=by, show_internal=show_internal, width=width)
+
+    # -- internals ----------------------------------------------------------------
+    @staticmethod
+    def _document(raw: dict) -> dict:
+        doc = {"aioprof": 1, "python": platform.python_version()}
+        doc.update(_to_seconds(raw))
+        for message in doc.get("warnings", []):
+            warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=3)
+        return doc

@@ -1,0 +1,523 @@
+"""The text report: the document of docs/json.md as tables for a terminal.
+
+``render(doc, ...)`` returns the whole report as one string:
+
+1. a header line: wall time in seconds, number of tasks (and dropped tasks), Python;
+   then one line per warning of the document;
+2. the table of the chosen view (``by``): ``coroutine`` (default), ``task``, ``site`` or
+   ``callback``, sorted descending by ``sort`` and cut to ``limit`` rows; under the
+   coroutine table, where the top coroutines wait (their top await sites);
+3. a short callbacks table (unless the view is ``callback``);
+4. the event loops, if the document has any.
+
+Times in tables are milliseconds with one decimal; every time column says ``ms`` in its
+header. No line is longer than ``width``: the name and location columns are shortened
+with an ellipsis first (keeping their end, where ``Task-12``, ``inner`` or ``:27`` is),
+and if that is not enough the least important columns are left out, with a note.
+Rows marked ``"internal": true`` (asyncio's own coroutines and callbacks) are left out
+unless ``show_internal``, with a note saying how many.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+__all__ = ["DEFAULT_LIMIT", "MIN_WIDTH", "SORTS", "VIEWS", "check_options", "render"]
+
+SORTS = ("busy", "cpu", "scheduled", "idle", "steps", "max")
+VIEWS = ("coroutine", "task", "site", "callback")
+DEFAULT_LIMIT = 20      # rows of the main table when limit is None; limit=0 shows all
+MIN_WIDTH = 80          # the report is never laid out narrower than this
+SHORT_CALLBACKS = 5     # rows of the callbacks table under the other views
+AWAIT_COROUTINES = 3    # coroutines whose await sites are listed under the coroutine table
+AWAIT_SITES = 3         # await sites listed per coroutine
+SEP = "  "              # between columns
+
+# Sort key -> (field of tasks and coroutines, column header it sorts).
+_SORT_FIELD = {"busy": "busy_s", "cpu": "cpu_s", "scheduled": "scheduled_s",
+               "idle": "idle_s", "steps": "steps", "max": "max_step_s"}
+_SORT_LABEL = {"busy": "busy ms", "cpu": "cpu ms", "scheduled": "sched ms",
+               "idle": "idle ms", "steps": "steps", "max": "max ms"}
+# Callbacks have no scheduled or idle time and count calls instead of steps.
+_CALLBACK_SORT = {"busy": "busy_s", "cpu": "cpu_s", "max": "max_step_s", "steps": "count"}
+# Await sites have only counts and idle time.
+_SITE_SORT = {"steps": "count"}
+
+
+def check_options(*, sort: str = "busy", limit: Optional[int] = None, by: str = "coroutine",
+                  width: Optional[int] = None) -> None:
+    """Raise ValueError, naming the choices, if an option of `render()` is out of range."""
+    if sort not in SORTS:
+        raise ValueError(f"unknown sort key {sort!r} (choose from {', '.join(SORTS)})")
+    if by not in VIEWS:
+        raise ValueError(f"unknown view {by!r} (choose from {', '.join(VIEWS)})")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise ValueError(f"limit must be an int >= 0 (0 = all rows) or None, not {limit!r}")
+    if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width <= 0):
+        raise ValueError(f"width must be a positive int or None, not {width!r}")
+
+
+def render(doc: Dict[str, Any], *, sort: str = "busy", limit: Optional[int] = None,
+           by: str = "coroutine", show_internal: bool = False, width: Optional[int] = None,
+           ellipsis: str = "\u2026") -> str:
+    """Return the text report of `doc` (a report document, docs/json.md).
+
+    sort: busy, cpu, scheduled, idle, steps or max (the longest step); tables are sorted
+        descending by it (callbacks: by busy for scheduled/idle, by count for steps;
+        await sites: by count for steps, else by idle time).
+    limit: rows of the main table; None means DEFAULT_LIMIT, 0 means all.
+    by: the main table: coroutine, task, site or callback.
+    show_internal: include asyncio's own tasks, coroutines and callbacks.
+    width: the line length to fit (at least MIN_WIDTH); default the terminal's width.
+    ellipsis: marks shortened cells ("..." for streams that cannot encode U+2026).
+
+    Missing keys and null values are shown as "-"; raises ValueError for bad options.
+    """
+    check_options(sort=sort, limit=limit, by=by, width=width)
+    if width is None:
+        width = shutil.get_terminal_size().columns
+    r = _Renderer(doc, sort=sort, limit=DEFAULT_LIMIT if limit is None else limit,
+                  show_internal=show_internal, width=max(MIN_WIDTH, width), ellipsis=ellipsis)
+    sections = [r.header()]
+    if by == "coroutine":
+        sections.append(r.coroutines())
+        sections.append(r.await_sites_of_top_coroutines())
+    elif by == "task":
+        sections.append(r.tasks())
+    elif by == "site":
+        sections.append(r.sites())
+    if by == "callback":
+        sections.append(r.callbacks(r.limit))
+    else:
+        sections.append(r.callbacks(min(SHORT_CALLBACKS, r.limit or SHORT_CALLBACKS), short=True))
+    sections.append(r.loops())
+    lines: List[str] = []
+    for section in sections:
+        if section:
+            if lines:
+                lines.append("")
+            lines.extend(section)
+    return "".join(_cut(line.rstrip(), r.width, ellipsis) + "\n" for line in lines)
+
+
+# -- cells -------------------------------------------------------------------------------
+def _num(value: Any) -> Optional[float]:
+    """`value` as a float, or None if it is missing or not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _ms(value: Any) -> str:
+    """Seconds as milliseconds with one decimal; "-" if missing."""
+    v = _num(value)
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def _int(value: Any) -> str:
+    v = _num(value)
+    return "-" if v is None else str(int(v))
+
+
+def _pct(value: Any) -> str:
+    """A fraction (0.25) as a percentage ("25.0%")."""
+    v = _num(value)
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _str(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _loc(file: Any, line: Any) -> str:
+    """``basename:line`` of a file path; "-" without a file."""
+    if not file:
+        return "-"
+    name = os.path.basename(str(file)) or str(file)
+    return name if line is None else f"{name}:{line}"
+
+
+def _loc_of(obj: Any) -> str:
+    """``basename:line`` of a dict with "file" and "line" keys (or "-")."""
+    if not isinstance(obj, dict):
+        return "-"
+    return _loc(obj.get("file"), obj.get("line"))
+
+
+def _cut(s: str, width: int, ellipsis: str) -> str:
+    """`s` cut to `width` characters, ending with the ellipsis when cut."""
+    if len(s) <= width:
+        return s
+    return s[: max(0, width - len(ellipsis))] + ellipsis
+
+
+def _cut_left(s: str, width: int, ellipsis: str) -> str:
+    """`s` cut to `width` characters keeping its end, starting with the ellipsis."""
+    if len(s) <= width:
+        return s
+    if width <= len(ellipsis):
+        return s[len(s) - width:]
+    return ellipsis + s[len(s) - (width - len(ellipsis)):]
+
+
+def _sorted(rows: Iterable[dict], field: str) -> List[dict]:
+    """Rows sorted descending by `field` (missing values last); ties keep their order."""
+    return sorted(rows, key=lambda row: _num(row.get(field)) if _num(row.get(field)) is not None
+                  else -math.inf, reverse=True)
+
+
+def _list(doc: Dict[str, Any], key: str) -> List[dict]:
+    value = doc.get(key)
+    return [row for row in value if isinstance(row, dict)] if isinstance(value, list) else []
+
+
+@dataclass
+class _Col:
+    """A table column: its header, how a row becomes a cell, and how it gives way."""
+    header: str
+    cell: Callable[[dict], str]
+    right: bool = False   # right-aligned (numbers)
+    flex: int = 0         # > 0: may be shortened with an ellipsis down to this many chars
+    drop: int = 0         # > 0: may be left out when too wide; the highest goes first
+
+
+def _ms_col(header: str, field: str, drop: int = 0) -> _Col:
+    return _Col(header, lambda row: _ms(row.get(field)), right=True, drop=drop)
+
+
+def _int_col(header: str, field: str, drop: int = 0) -> _Col:
+    return _Col(header, lambda row: _int(row.get(field)), right=True, drop=drop)
+
+
+def _layout(cols: Sequence[_Col], cells: List[List[str]], width: int
+            ) -> Tuple[List[int], List[Optional[int]]]:
+    """Choose the columns shown and their widths so a line fits in `width`.
+
+    Returns (indices of the columns shown, width of each column or None if hidden).
+    Shortens flexible columns (widest first) to their minimum, and while that is not
+    enough, leaves out the droppable column with the highest `drop`.
+    """
+    natural = [max([len(c.header)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    minimum = [min(natural[i], max(len(c.header), c.flex)) if c.flex else natural[i]
+               for i, c in enumerate(cols)]
+    shown = list(range(len(cols)))
+    while True:
+        widths = {i: natural[i] for i in shown}
+        excess = sum(widths.values()) + len(SEP) * (len(shown) - 1) - width
+        slack = sum(widths[i] - minimum[i] for i in shown)
+        if excess <= slack:
+            while excess > 0:   # take one character at a time from the widest flexible column
+                i = max((i for i in shown if widths[i] > minimum[i]), key=lambda i: widths[i])
+                widths[i] -= 1
+                excess -= 1
+            break
+        droppable = [i for i in shown if cols[i].drop > 0]
+        if not droppable:       # cannot fit: use the minimum; render() cuts the lines
+            widths = {i: minimum[i] for i in shown}
+            break
+        shown.remove(max(droppable, key=lambda i: (cols[i].drop, i)))
+    return shown, [widths.get(i) for i in range(len(cols))]
+
+
+class _Renderer:
+    def __init__(self, doc: Dict[str, Any], *, sort: str, limit: int, show_internal: bool,
+                 width: int, ellipsis: str) -> None:
+        self.doc = doc if isinstance(doc, dict) else {}
+        self.sort = sort
+        self.limit = limit
+        self.show_internal = show_internal
+        self.width = width
+        self.ellipsis = ellipsis
+
+    # -- building blocks ------------------------------------------------------------------
+    def _visible(self, rows: List[dict]) -> Tuple[List[dict], int]:
+        """(rows shown, number of internal rows hidden)."""
+        if self.show_internal:
+            return rows, 0
+        shown = [row for row in rows if not row.get("internal")]
+        return shown, len(rows) - len(shown)
+
+    def _title(self, title: str, total: int, shown: int, hidden: int,
+               limit_hint: str = "--limit") -> List[str]:
+        notes = []
+        if shown < total:
+            notes.append(f"(top {shown} of {total}, {limit_hint})")
+        if hidden:
+            notes.append(f"({hidden} internal hidden, --show-internal)")
+        line = SEP.join([title] + notes)
+        if len(line) <= self.width or not notes:
+            return [line]
+        return [title, SEP.join(notes)]
+
+    def _table(self, cols: Sequence[_Col], rows: List[dict]) -> List[str]:
+        """Header and rows of a table fitted to the width; "(none)" if no rows."""
+        if not rows:
+            return ["  (none)"]
+        cells = [[c.cell(row) for c in cols] for row in rows]
+        shown, widths = _layout(cols, cells, self.width)
+
+        def line(values: Sequence[str]) -> str:
+            parts = []
+            for i in shown:
+                c, w, v = cols[i], widths[i], values[i]
+                assert w is not None
+                v = _cut_left(v, w, self.ellipsis)
+                parts.append(v.rjust(w) if c.right else v.ljust(w))
+            return SEP.join(parts)
+
+        out = [line([c.header for c in cols])]
+        out.extend(line(row) for row in cells)
+        left_out = [cols[i].header for i in range(len(cols)) if widths[i] is None]
+        if left_out:
+            note = f"(left out to fit {self.width} columns: {', '.join(left_out)}"
+            hint = "; widen the terminal or set COLUMNS)"
+            out.append(note + hint if len(note + hint) <= self.width else note + ")")
+        return out
+
+    # -- sections -------------------------------------------------------------------------
+    def header(self) -> List[str]:
+        doc = self.doc
+        wall = _num(doc.get("wall_s"))
+        tasks = len(_list(doc, "tasks"))
+        parts = [f"aioprof: wall {'-' if wall is None else f'{wall:.3f}'} s",
+                 f"{tasks} task{'' if tasks == 1 else 's'}"]
+        dropped = _num(doc.get("dropped_tasks"))
+        if dropped:
+            parts[-1] += f" (+{int(dropped)} dropped past max_tasks)"
+        if doc.get("python"):
+            parts.append(f"Python {doc['python']}")
+        lines = [", ".join(parts)]
+        warnings = doc.get("warnings")
+        if isinstance(warnings, list):
+            lines.extend(f"aioprof: warning: {w}" for w in warnings)
+        return lines
+
+    def _rows(self, key: str, field: str) -> Tuple[List[dict], int, int]:
+        """(sorted visible rows cut to the limit, visible count, internal hidden count)."""
+        rows, hidden = self._visible(_list(self.doc, key))
+        rows = _sorted(rows, field)
+        total = len(rows)
+        if self.limit:
+            rows = rows[: self.limit]
+        return rows, total, hidden
+
+    def coroutines(self) -> List[str]:
+        rows, total, hidden = self._rows("coroutines", _SORT_FIELD[self.sort])
+        self._top_coroutines = rows[:AWAIT_COROUTINES]
+        cols = [
+            _Col("coroutine", lambda r: _str(r.get("coroutine")), flex=12),
+            _int_col("tasks", "tasks", drop=5),
+            _int_col("steps", "steps"),
+            _ms_col("busy ms", "busy_s"),
+            _ms_col("sched ms", "scheduled_s"),
+            _ms_col("idle ms", "idle_s"),
+            _ms_col("cpu ms", "cpu_s", drop=3),
+            _ms_col("max ms", "max_step_s", drop=4),
+            _ms_col("p99 ms", "p99_step_s", drop=6),
+            _Col("defined at", lambda r: _loc(r.get("file"), r.get("line")), flex=10, drop=2),
+        ]
+        title = f"Coroutines by {_SORT_LABEL[self.sort]}"
+        return self._title(title, total, len(rows), hidden) + self._table(cols, rows)
+
+    def await_sites_of_top_coroutines(self) -> List[str]:
+        """For the first few coroutines of the table: where their tasks waited longest."""
+        by_coro: Dict[tuple, Dict[tuple, List[float]]] = {}
+        for task in _list(self.doc, "tasks"):
+            sites = task.get("await_sites")
+            if not isinstance(sites, list):
+                continue
+            agg = by_coro.setdefault((task.get("coroutine"), task.get("file"), task.get("line")), {})
+            for site in sites:
+                if not isinstance(site, dict):
+                    continue
+                acc = agg.setdefault((site.get("file"), site.get("line"), site.get("function")),
+                                     [0.0, 0.0])
+                acc[0] += _num(site.get("idle_s")) or 0.0
+                acc[1] += _num(site.get("count")) or 0.0
+        out: List[str] = []
+        for coro in getattr(self, "_top_coroutines", []):
+            agg = by_coro.get((coro.get("coroutine"), coro.get("file"), coro.get("line")))
+            if not agg:
+                continue
+            out.append(f"  {_str(coro.get('coroutine'))}  ({_loc(coro.get('file'), coro.get('line'))})")
+            top = sorted(agg.items(), key=lambda kv: kv[1][0], reverse=True)[:AWAIT_SITES]
+            for (file, line, function), (idle, count) in top:
+                where = _loc(file, line) + (f" in {function}" if function else "")
+                out.append(f"    {_ms(idle):>9} ms idle  {int(count):>7}x  {where}")
+        if not out:
+            return []
+        return ["Where the top coroutines wait (await sites of their recorded tasks)"] + out
+
+    def tasks(self) -> List[str]:
+        rows, total, hidden = self._rows("tasks", _SORT_FIELD[self.sort])
+
+        def state(r: dict) -> str:
+            s = _str(r.get("state"))
+            return f"{s} {r['exception']}" if s == "failed" and r.get("exception") else s
+
+        def await_site(r: dict) -> str:
+            sites = r.get("await_sites")
+            return _loc_of(sites[0]) if isinstance(sites, list) and sites else "-"
+
+        cols = [
+            _int_col("id", "id"),
+            _Col("name", lambda r: _str(r.get("name")), flex=8, drop=5),
+            _Col("coroutine", lambda r: _str(r.get("coroutine")), flex=10),
+            _Col("created at", lambda r: _loc_of(r.get("created_at")), flex=10, drop=3),
+            _Col("parent", lambda r: _int(r.get("parent")), right=True, drop=9),
+            _Col("state", state, flex=9, drop=8),
+            _int_col("steps", "steps"),
+            _ms_col("busy ms", "busy_s"),
+            _ms_col("sched ms", "scheduled_s"),
+            _ms_col("idle ms", "idle_s"),
+            _ms_col("cpu ms", "cpu_s", drop=6),
+            _ms_col("max ms", "max_step_s", drop=7),
+            _Col("await site", await_site, flex=10, drop=2),
+        ]
+        title = f"Tasks by {_SORT_LABEL[self.sort]}"
+        lines = self._title(title, total, len(rows), hidden) + self._table(cols, rows)
+        dropped = _num(self.doc.get("dropped_tasks"))
+        if dropped:
+            lines.append(f"({int(dropped)} more tasks not recorded past max_tasks; "
+                         f"the coroutine view counts them)")
+        return lines
+
+    def sites(self) -> List[str]:
+        field = _SITE_SORT.get(self.sort, "idle_s")
+        rows = _sorted(_list(self.doc, "sites"), field)
+        total = len(rows)
+        if self.limit:
+            rows = rows[: self.limit]
+        cols = [
+            _Col("await site", _loc_of, flex=10),
+            _Col("function", lambda r: _str(r.get("function")), flex=10, drop=1),
+            _int_col("count", "count"),
+            _ms_col("idle ms", "idle_s"),
+            _int_col("inner count", "innermost_count", drop=2),
+            _ms_col("inner idle ms", "innermost_idle_s"),
+        ]
+        title = f"Await sites by {'count' if field == 'count' else 'idle ms'}"
+        lines = self._title(title, total, len(rows), 0) + self._table(cols, rows)
+        if rows:
+            lines.append("(inner: only the suspensions where the line is the await site itself)")
+        return lines
+
+    def callbacks(self, limit: int, short: bool = False) -> List[str]:
+        field = _CALLBACK_SORT.get(self.sort, "busy_s")
+        rows, hidden = self._visible(_list(self.doc, "callbacks"))
+        rows = _sorted(rows, field)
+        total = len(rows)
+        if short and not rows and not hidden:
+            return []
+        if limit:
+            rows = rows[:limit]
+        cols = [
+            _Col("callback", lambda r: _str(r.get("callback")), flex=12),
+            _int_col("count", "count"),
+            _ms_col("busy ms", "busy_s"),
+            _ms_col("cpu ms", "cpu_s", drop=2),
+            _ms_col("max ms", "max_step_s", drop=3),
+            _Col("defined at", lambda r: _loc(r.get("file"), r.get("line"))
+                 if r.get("file") else "<built-in>", flex=10, drop=1),
+        ]
+        label = {"count": "count"}.get(field) or _SORT_LABEL[{"busy_s": "busy", "cpu_s": "cpu",
+                                                              "max_step_s": "max"}[field]]
+        title = f"Callbacks (not task steps) by {label}"
+        hint = "--by callback" if short else "--limit"
+        return self._title(title, total, len(rows), hidden, hint) + self._table(cols, rows)
+
+    def loops(self) -> List[str]:
+        loops = _list(self.doc, "loops")
+        if not loops:
+            return []
+        out = ["Event loops"]
+        for i, loop in enumerate(loops, 1):
+            out.extend(self._loop(loop, i))
+        return out
+
+    def _loop(self, loop: dict, index: int) -> List[str]:
+        """Lines of one loop: its figures as "name value" items, wrapped to the width."""
+        def get(*keys: str) -> Any:
+            for key in keys:
+                if loop.get(key) is not None:
+                    return loop[key]
+                if "." in key:      # "lag.p50_s": a nested object
+                    outer, inner = key.split(".", 1)
+                    if isinstance(loop.get(outer), dict) and loop[outer].get(inner) is not None:
+                        return loop[outer][inner]
+            return None
+
+        name = f"loop {_str(get('id') or index)}"
+        kind = get("type", "class")
+        if kind:
+            name += f" ({kind})"
+        thread = get("thread")
+        if thread is not None:
+            name += f", thread {thread}"
+        groups: List[List[str]] = [[], [], [], []]
+
+        def add(group: int, label: str, value: Any, fmt: Callable[[Any], str],
+                suffix: str = "") -> None:
+            if _num(value) is not None:
+                groups[group].append(f"{label} {fmt(value)}{suffix}")
+
+        add(0, "wall", get("wall_s"), lambda v: f"{v:.3f}", " s")
+        add(0, "load", get("load"), _pct)
+        add(0, "utilization", get("utilization"), _pct)
+        add(0, "ticks", get("ticks"), _int)
+        add(0, "handles", get("handles"), _int)
+        select_wait = get("select_wait_s", "select_s")
+        if _num(select_wait) is not None:
+            calls = get("select_calls", "selects")
+            groups[1].append(f"select wait {_ms(select_wait)} ms"
+                             + (f" in {_int(calls)} calls" if _num(calls) is not None else ""))
+        add(1, "io events", get("io_events"), _int)
+        lag = [(q, get(f"lag_{q}_s", f"lag.{q}_s")) for q in ("p50", "p99", "max")]
+        if any(_num(v) is not None for _, v in lag):
+            groups[2].append("lag " + " ".join(f"{q} {_ms(v)} ms" for q, v in lag
+                                               if _num(v) is not None))
+        tick = [(q, get(f"tick_{q}_s", f"tick.{q}_s")) for q in ("p50", "p99", "max")]
+        if _num(get("max_tick_s")) is not None and all(_num(v) is None for _, v in tick):
+            tick = [("max", get("max_tick_s"))]
+        if any(_num(v) is not None for _, v in tick):
+            groups[2].append("tick " + " ".join(f"{q} {_ms(v)} ms" for q, v in tick
+                                                if _num(v) is not None))
+        slow = get("slow_steps", "slow")
+        slow_list = [s for s in slow if isinstance(s, dict)] if isinstance(slow, list) else []
+        n_slow = _num(get("slow_total", "slow_count"))
+        if n_slow is None:
+            n_slow = float(len(slow_list)) if isinstance(slow, list) else _num(slow)
+        if n_slow is not None:
+            groups[3].append(f"slow steps {int(n_slow)}" + ("; the longest:" if slow_list else ""))
+
+        out = [f"  {name}"]
+        for items in groups:
+            if items:
+                out.extend(self._wrap(" " * 6, items))
+        dur_key = lambda s: _num(s.get("dur_s", s.get("duration_s"))) or 0.0  # noqa: E731
+        for s in sorted(slow_list, key=dur_key, reverse=True)[:3]:
+            what = s.get("coroutine") or s.get("callback") or s.get("function")
+            if s.get("is_tick") or s.get("kind") == "tick":
+                what = f"tick ({_int(s.get('handles'))} handles)"
+            where = _loc_of(s.get("site") if isinstance(s.get("site"), dict) else s)
+            task = f" (task {s['task']})" if s.get("task") else ""
+            out.append(f"        {_ms(dur_key(s)):>9} ms  {_str(what)}{task}"
+                       + (f"  {where}" if where != "-" else ""))
+        return out
+
+    def _wrap(self, first: str, items: List[str]) -> List[str]:
+        """`first` followed by the items joined with ", ", wrapped between items."""
+        indent = " " * 6
+        lines: List[str] = []
+        line, fresh = first, True
+        for item in items:
+            if not fresh and len(line) + len(", ") + len(item) + len(",") > self.width:
+                lines.append(line + ",")
+                line, fresh = indent, True
+            line += item if fresh else ", " + item
+            fresh = False
+        lines.append(line)
+        return lines
