@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 
 /* Exception save/restore around work done while an exception may be in flight
  * (e.g. a KeyboardInterrupt leaving a step). 3.12 replaced the (type, value, tb)
@@ -37,5 +38,49 @@ static inline PyObject *ap_code_qualname(PyCodeObject *code)
 
 /* PyEval_GetFrame returns a borrowed reference on every supported version. */
 static inline PyFrameObject *ap_current_frame(void) { return PyEval_GetFrame(); }
+
+/* Fast reads of attributes on the hot path, through the descriptors' public structs
+ * (Include/cpython/descrobject.h) instead of a full attribute lookup per step. */
+
+/* A __slots__ member of a class: its offset is the same in every subclass. */
+typedef struct { Py_ssize_t offset; } ap_slot_t;
+
+/* Find cls.<name>'s member descriptor; 0, or -1 with an exception set. */
+static inline int ap_slot_init(ap_slot_t *slot, PyObject *cls, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString(cls, name);
+    if (!d)
+        return -1;
+    int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+             ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+    if (ok)
+        slot->offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s is not a __slots__ member", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* The slot's value (borrowed), NULL when unset. obj must be an instance of the class. */
+static inline PyObject *ap_slot_get(const ap_slot_t *slot, PyObject *obj)
+{
+    return *(PyObject **)((char *)obj + slot->offset);
+}
+
+/* The C getter behind a type's getset attribute (e.g. TaskStepMethWrapper.__self__),
+ * or NULL (no exception) when the attribute is something else. */
+static inline PyGetSetDef *ap_getset_of(PyTypeObject *tp, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)tp, name);
+    if (!d) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyGetSetDef *gs = Py_IS_TYPE(d, &PyGetSetDescr_Type) ? ((PyGetSetDescrObject *)d)->d_getset : NULL;
+    Py_DECREF(d);
+    return gs && gs->get ? gs : NULL;
+}
 
 #endif /* AP_COMPAT_H */

@@ -30,7 +30,8 @@ static struct {
 static const char *const sel_names[N_SEL] = {"SelectSelector", "_PollLikeSelector", "EpollSelector",
                                              "DevpollSelector", "KqueueSelector"};
 
-static PyObject *str_callback, *str_when, *str_timeout;
+static PyObject *str_when, *str_timeout;
+static ap_slot_t slot_callback;   /* Handle._callback */
 
 /* Call `fn(self, *args, **kw)` from a vectorcall-style argument list. */
 static PyObject *call_orig(PyObject *fn, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -73,11 +74,10 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
         return r;
     }
 
-    PyObject *cb = PyObject_GetAttr(handle, str_callback);
-    if (!cb) {
-        ap_fault(s, "reading Handle._callback");
+    PyObject *cb = ap_slot_get(&slot_callback, handle);
+    if (!cb)   /* unset: the original will raise its own AttributeError */
         return PyObject_CallOneArg(H.orig_run, handle);
-    }
+    Py_INCREF(cb);   /* the callback may clear the slot (cancel()) while it runs */
     ap_loop_t *l = th->loop;
     ap_ns_t now = ap_clock_wall(), ready = -1, wake_ready = -1;
     int timer = 0;
@@ -176,17 +176,20 @@ static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_
     ap_thread_t *th;
     if (!r || nargs < 1 || !s || s->disabled || !(th = ap_thread_get(s)))
         return r;
+    PyObject *task = ap_task_of_callback(s, args[0]);
+    ap_task_t *t = task ? ap_task_find(s, task) : NULL;
+    if (t && t->state == AP_RUNNING) {
+        t->woke_in_step = 1;   /* a bare yield (sleep(0)): no clock read needed */
+        return r;
+    }
     ap_ns_t now = ap_clock_wall();
     /* A wake-up made by a timer callback dates from the timer's due time, one made by
      * an I/O callback from when select returned (tokio-console's "woken"). */
     ap_ns_t ready = th->cur_ready >= 0 ? th->cur_ready : now;
-    PyObject *task = ap_task_of_callback(s, args[0]);
-    if (task) {
-        ap_task_t *t = ap_task_find(s, task);
-        if (!t)
-            ap_task_new(s, th, task, now);
-        else
-            ap_task_wake(s, th, t, ready, now);
+    if (t) {
+        ap_task_wake(s, th, t, ready, now);
+    } else if (task) {
+        ap_task_new(s, th, task, now);
     } else {
         ap_loop_t *l = th->loop && th->loop->addr == (uintptr_t)loop ? th->loop
                                                                       : ap_loop_get(s, loop, now);
@@ -343,16 +346,15 @@ int ap_hooks_install(PyObject *Py_UNUSED(module))
         PyErr_SetString(PyExc_RuntimeError, "aioprof hooks are already installed");
         return -1;
     }
-    if (!str_callback) {
-        str_callback = PyUnicode_InternFromString("_callback");
+    if (!str_when) {
         str_when = PyUnicode_InternFromString("_when");
         str_timeout = PyUnicode_InternFromString("timeout");
-        if (!str_callback || !str_when || !str_timeout)
+        if (!str_when || !str_timeout)
             return -1;
     }
     H.handle_cls = get_attr_path("asyncio.events", "Handle");
     H.loop_cls = get_attr_path("asyncio.base_events", "BaseEventLoop");
-    if (!H.handle_cls || !H.loop_cls)
+    if (!H.handle_cls || !H.loop_cls || ap_slot_init(&slot_callback, H.handle_cls, "_callback") < 0)
         goto error;
     if (swap(H.handle_cls, "_run", &def_run, &H.orig_run) < 0 ||
         swap(H.loop_cls, "_call_soon", &def_call_soon, &H.orig_call_soon) < 0 ||

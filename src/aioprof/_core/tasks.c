@@ -145,9 +145,12 @@ static int name_is(const char *tp_name, const char *want)
 
 PyObject *ap_task_of_callback(ap_session_t *s, PyObject *cb)
 {
+    static PyGetSetDef *stepwrap_self;   /* TaskStepMethWrapper.__self__'s getter */
     PyTypeObject *tp = Py_TYPE(cb);
     if (tp == stepwrap_type || (!stepwrap_type && name_is(tp->tp_name, "TaskStepMethWrapper"))) {
-        PyObject *self = PyObject_GetAttrString(cb, "__self__");
+        if (!stepwrap_self && !(stepwrap_self = ap_getset_of(tp, "__self__")))
+            return NULL;
+        PyObject *self = stepwrap_self->get(cb, stepwrap_self->closure);
         if (!self) {
             PyErr_Clear();
             return NULL;

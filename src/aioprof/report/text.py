@@ -345,7 +345,8 @@ class _Renderer:
             out.append(f"  {_str(coro.get('coroutine'))}  ({_loc(coro.get('file'), coro.get('line'))})")
             top = sorted(agg.items(), key=lambda kv: kv[1][0], reverse=True)[:AWAIT_SITES]
             for (file, line, function), (idle, count) in top:
-                where = _loc(file, line) + (f" in {function}" if function else "")
+                same = function and str(coro.get("coroutine", "")).split(".")[-1] == function
+                where = _loc(file, line) + (f" in {function}" if function and not same else "")
                 out.append(f"    {_ms(idle):>9} ms idle  {int(count):>7}x  {where}")
         if not out:
             return []
@@ -410,8 +411,10 @@ class _Renderer:
         rows, hidden = self._visible(_list(self.doc, "callbacks"))
         rows = _sorted(rows, field)
         total = len(rows)
-        if short and not rows and not hidden:
-            return []
+        if short and not rows:
+            if not hidden:
+                return []
+            return [f"Callbacks (not task steps): none  ({hidden} internal hidden, --show-internal)"]
         if limit:
             rows = rows[:limit]
         cols = [
@@ -439,24 +442,17 @@ class _Renderer:
         return out
 
     def _loop(self, loop: dict, index: int) -> List[str]:
-        """Lines of one loop: its figures as "name value" items, wrapped to the width."""
-        def get(*keys: str) -> Any:
-            for key in keys:
-                if loop.get(key) is not None:
-                    return loop[key]
-                if "." in key:      # "lag.p50_s": a nested object
-                    outer, inner = key.split(".", 1)
-                    if isinstance(loop.get(outer), dict) and loop[outer].get(inner) is not None:
-                        return loop[outer][inner]
-            return None
+        """Lines of one loop (fields of docs/json.md "loops"; missing ones are left out)."""
+        def get(key: str) -> Any:
+            return loop.get(key)
 
         name = f"loop {_str(get('id') or index)}"
-        kind = get("type", "class")
-        if kind:
-            name += f" ({kind})"
-        thread = get("thread")
-        if thread is not None:
-            name += f", thread {thread}"
+        if get("type"):
+            name += f" ({get('type')})"
+        if get("thread") is not None:
+            name += f", thread {get('thread')}"
+        if get("destroyed"):
+            name += ", closed"
         groups: List[List[str]] = [[], [], [], []]
 
         def add(group: int, label: str, value: Any, fmt: Callable[[Any], str],
@@ -464,55 +460,66 @@ class _Renderer:
             if _num(value) is not None:
                 groups[group].append(f"{label} {fmt(value)}{suffix}")
 
-        add(0, "wall", get("wall_s"), lambda v: f"{v:.3f}", " s")
-        add(0, "load", get("load"), _pct)
+        def quantiles(group: int, label: str, prefix: str, names: Sequence[str]) -> None:
+            values = [(q, get(f"{prefix}_{q}_s")) for q in names]
+            if any(_num(v) is not None for _, v in values):
+                groups[group].append(label + " " + " ".join(
+                    f"{q} {_ms(v)} ms" for q, v in values if _num(v) is not None))
+
         add(0, "utilization", get("utilization"), _pct)
+        add(0, "load", get("load"), _pct)
+        add(0, "wall", get("wall_s"), lambda v: f"{v:.3f}", " s")
         add(0, "ticks", get("ticks"), _int)
         add(0, "handles", get("handles"), _int)
-        select_wait = get("select_wait_s", "select_s")
-        if _num(select_wait) is not None:
-            calls = get("select_calls", "selects")
-            groups[1].append(f"select wait {_ms(select_wait)} ms"
+        add(0, "max handles/tick", get("handles_per_tick_max"), _int)
+        if _num(get("select_wait_s")) is not None:
+            calls = get("select_calls")
+            groups[1].append(f"select wait {_ms(get('select_wait_s'))} ms"
                              + (f" in {_int(calls)} calls" if _num(calls) is not None else ""))
         add(1, "io events", get("io_events"), _int)
-        lag = [(q, get(f"lag_{q}_s", f"lag.{q}_s")) for q in ("p50", "p99", "max")]
-        if any(_num(v) is not None for _, v in lag):
-            groups[2].append("lag " + " ".join(f"{q} {_ms(v)} ms" for q, v in lag
-                                               if _num(v) is not None))
-        tick = [(q, get(f"tick_{q}_s", f"tick.{q}_s")) for q in ("p50", "p99", "max")]
-        if _num(get("max_tick_s")) is not None and all(_num(v) is None for _, v in tick):
-            tick = [("max", get("max_tick_s"))]
-        if any(_num(v) is not None for _, v in tick):
-            groups[2].append("tick " + " ".join(f"{q} {_ms(v)} ms" for q, v in tick
-                                                if _num(v) is not None))
-        slow = get("slow_steps", "slow")
-        slow_list = [s for s in slow if isinstance(s, dict)] if isinstance(slow, list) else []
-        n_slow = _num(get("slow_total", "slow_count"))
-        if n_slow is None:
-            n_slow = float(len(slow_list)) if isinstance(slow, list) else _num(slow)
+        quantiles(2, "lag", "lag", ("p50", "p99", "max"))
+        quantiles(2, "timer lag", "timer_lag", ("p99", "max"))
+        quantiles(2, "tick busy", "tick_busy", ("p50", "p99", "max"))
+        slow = get("slow_steps")
+        slow_list = [r for r in slow if isinstance(r, dict)] if isinstance(slow, list) else []
+        n_slow = _num(get("slow_total"))
+        if n_slow is None and isinstance(slow, list):
+            n_slow = float(len(slow_list))
         if n_slow is not None:
-            groups[3].append(f"slow steps {int(n_slow)}" + ("; the longest:" if slow_list else ""))
+            threshold = _num(self.doc.get("slow_s"))
+            groups[3].append(f"slow steps {int(n_slow)}"
+                             + (f" (>= {_ms(threshold)} ms)" if threshold is not None else "")
+                             + ("; the longest:" if slow_list else ""))
 
         out = [f"  {name}"]
         for items in groups:
             if items:
-                out.extend(self._wrap(" " * 6, items))
-        dur_key = lambda s: _num(s.get("dur_s", s.get("duration_s"))) or 0.0  # noqa: E731
-        for s in sorted(slow_list, key=dur_key, reverse=True)[:3]:
-            what = s.get("coroutine") or s.get("callback") or s.get("function")
-            if s.get("is_tick") or s.get("kind") == "tick":
-                what = f"tick ({_int(s.get('handles'))} handles)"
-            where = _loc_of(s.get("site") if isinstance(s.get("site"), dict) else s)
-            task = f" (task {s['task']})" if s.get("task") else ""
-            out.append(f"        {_ms(dur_key(s)):>9} ms  {_str(what)}{task}"
-                       + (f"  {where}" if where != "-" else ""))
+                out.extend(self._wrap(items))
+
+        def duration(r: dict) -> float:
+            return _num(r.get("duration_s")) or 0.0
+
+        for r in sorted(slow_list, key=duration, reverse=True)[:3]:
+            kind = r.get("kind")
+            if kind == "tick":
+                what = f"tick of {_int(r.get('handles'))} handles"
+            else:
+                what = _str(r.get("coroutine") or r.get("callback"))
+                if r.get("task") is not None:
+                    what += f" (task {r['task']})"
+            where = [_loc_of(r.get(k)) for k in ("step_start", "step_end")]
+            span = (f"  {where[0]} -> {where[1]}" if where[0] != "-" and where[1] != "-"
+                    else "".join(f"  {w}" for w in where if w != "-"))
+            at = _num(r.get("at_s"))
+            when = f"  at {at:.3f} s" if at is not None else ""
+            out.append(f"        {_ms(duration(r)):>9} ms  {what}{span}{when}")
         return out
 
-    def _wrap(self, first: str, items: List[str]) -> List[str]:
-        """`first` followed by the items joined with ", ", wrapped between items."""
+    def _wrap(self, items: List[str]) -> List[str]:
+        """The items joined with ", " on indented lines, wrapped between items."""
         indent = " " * 6
         lines: List[str] = []
-        line, fresh = first, True
+        line, fresh = indent, True
         for item in items:
             if not fresh and len(line) + len(", ") + len(item) + len(",") > self.width:
                 lines.append(line + ",")

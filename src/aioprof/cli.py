@@ -1,0 +1,380 @@
+"""`python -m aioprof [options] script.py [args]` / `python -m aioprof [options] -m module [args]`.
+
+Runs the program as `python script.py args` / `python -m module args` would (same
+``sys.argv``, ``sys.path[0]``, ``__main__`` module and exit status) with the profiler on,
+and writes the report to stderr or to ``-o FILE``. See docs/cli.md.
+
+The report is written from an ``atexit`` handler registered before the program starts,
+so it runs after the program's own exit handlers and after Python has waited for the
+program's non-daemon threads: loops running in threads are measured to their end.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib.machinery
+import importlib.util
+import io
+import os
+import pkgutil
+import runpy
+import signal
+import sys
+import traceback
+import types
+import warnings
+from typing import IO, Any, List, NoReturn, Optional, Sequence, Tuple
+
+import aioprof
+from aioprof import report
+
+__all__ = ["main"]
+
+USAGE = "python -m aioprof [options] (script.py | -m module) [args ...]"
+DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then write the "
+               "report (to stderr unless -o). Options go before the script or -m module; "
+               "everything after it is passed to the program.")
+# Options that take a value as the next argument: needed to find where ours end.
+_VALUE_OPTIONS = {"-o", "--output", "--format", "--sort", "--limit", "--by", "--max-tasks",
+                  "--cpu-window", "--slow-ms"}
+# Frames of these files sit between aioprof and the program: left out of tracebacks.
+_OWN_FILES = {__file__, runpy.__file__, runpy.run_module.__code__.co_filename}
+
+
+class _Error(Exception):
+    """A problem found before the program runs: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Error(message)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+# argparse names the expected type from the function's __name__ in its messages.
+_count.__name__ = "integer >= 0"
+_positive.__name__ = "number > 0"
+_non_negative.__name__ = "number >= 0"
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="aioprof", usage=USAGE, description=DESCRIPTION, allow_abbrev=False)
+    p.add_argument("script", nargs="?", help="the program to run, with its arguments after it")
+    p.add_argument("-m", dest="module", metavar="MODULE",
+                   help="run a module as a script, like python -m (ends aioprof's options)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the report to FILE (UTF-8) instead of stderr")
+    p.add_argument("--format", choices=report.FORMATS, default="text",
+                   help="text tables (default) or the JSON document of docs/json.md")
+    p.add_argument("--sort", choices=report.SORTS, default="busy",
+                   help="sort the tables by this time (descending; max = longest step); "
+                        "default busy")
+    p.add_argument("--limit", type=_count, default=None, metavar="N",
+                   help=f"rows of the main table (default {report.text.DEFAULT_LIMIT}; 0 = all)")
+    p.add_argument("--by", choices=report.VIEWS, default="coroutine",
+                   help="main table: per coroutine function (default), per task, per await "
+                        "site or per callback")
+    p.add_argument("--show-internal", action="store_true",
+                   help="include asyncio's own tasks, coroutines and callbacks")
+    p.add_argument("--max-tasks", type=_count, default=10000, metavar="N",
+                   help="per-task records kept (default 10000); later tasks still count in "
+                        "the per-coroutine figures")
+    p.add_argument("--cpu-window", type=_positive, default=1.0, metavar="MS",
+                   help="read the thread CPU clock at most once per MS milliseconds "
+                        "(default 1.0)")
+    p.add_argument("--slow-ms", type=_non_negative, default=100.0, metavar="MS",
+                   help="record steps and callbacks of at least MS milliseconds as slow "
+                        "(default 100)")
+    p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
+    return p
+
+
+def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str], List[str]]:
+    """Split argv into (aioprof's options, "script" or "module", target, program args).
+
+    aioprof's options end at the first argument that is not an option (the script), at
+    ``-m MODULE`` (or ``-mMODULE``) or after ``--``; all that follows is the program's.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest = list(argv[i + 1:])
+            return list(argv[:i]), ("script" if rest else None), (rest[0] if rest else None), rest[1:]
+        if arg == "-m":
+            if i + 1 == len(argv):
+                raise _Error("argument -m: expected a module name")
+            return list(argv[:i]), "module", argv[i + 1], list(argv[i + 2:])
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return list(argv[:i]), "module", arg[2:], list(argv[i + 1:])
+        if arg.startswith("-") and arg != "-":
+            i += 2 if arg in _VALUE_OPTIONS else 1
+            continue
+        return list(argv[:i]), "script", arg, list(argv[i + 1:])
+    return list(argv), None, None, []
+
+
+def _exit_status(code: Any) -> int:
+    """The exit status Python gives ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code)
+    return 1
+
+
+def _usable(stream: Optional[IO[str]]) -> bool:
+    return stream is not None and not getattr(stream, "closed", False)
+
+
+def _flush(*streams: Optional[IO[str]]) -> None:
+    for stream in streams:
+        try:
+            if _usable(stream):
+                stream.flush()  # type: ignore[union-attr]
+        except Exception:
+            pass
+
+
+def _stderr() -> IO[str]:
+    return sys.stderr if _usable(sys.stderr) else sys.__stderr__
+
+
+def _say(message: str) -> None:
+    """One line on stderr; never raises."""
+    try:
+        print(f"aioprof: {message}", file=_stderr(), flush=True)
+    except Exception:
+        pass
+
+
+def _print_exception(exc: BaseException) -> None:
+    """Print an exception of the program as Python would, without aioprof's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException:
+        traceback.print_exception(type(exc), exc, tb)
+
+
+class _Program:
+    """The program to run: a script file, a directory/zip with __main__.py, or a module."""
+
+    def __init__(self, kind: str, target: str, args: List[str]) -> None:
+        self.kind, self.target, self.args = kind, target, args
+        self.source: Optional[bytes] = None
+        self.runpy_path = False
+
+    def find(self) -> None:
+        """Check that the program exists (raises _Error); a module is looked up on sys.path."""
+        if self.kind == "module":
+            self._find_module()
+        else:
+            self._find_script()
+
+    def _find_script(self) -> None:
+        path = self.target
+        self.path = os.path.abspath(path)
+        # A directory or zip file runs its __main__.py (runpy.run_path), like python does.
+        self.runpy_path = os.path.exists(path) and pkgutil.get_importer(self.path) is not None
+        if self.runpy_path:
+            if not os.path.exists(os.path.join(path, "__main__.py")) and os.path.isdir(path):
+                raise _Error(f"can't find '__main__' module in {path!r}")
+            self.argv0 = path
+            return
+        try:
+            with io.open_code(self.path) as f:
+                self.source = f.read()
+        except OSError as e:
+            raise _Error(f"can't open file {self.path!r}: [Errno {e.errno}] {e.strerror}") from None
+        self.argv0 = path
+
+    def _find_module(self) -> None:
+        name = self.target
+        if not name:
+            raise _Error("argument -m: expected a module name")
+        try:
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.submodule_search_locations is not None:
+                main_spec = importlib.util.find_spec(name + ".__main__")
+                if main_spec is None:
+                    raise _Error(f"No module named {name}.__main__; {name!r} is a package and "
+                                 f"cannot be directly executed")
+                spec = main_spec
+        except _Error:
+            raise
+        except Exception as e:
+            raise _Error(f"Error while finding module specification for {name!r} "
+                         f"({type(e).__name__}: {e})") from None
+        if spec is None:
+            raise _Error(f"No module named {name}")
+        self.argv0 = spec.origin or name
+
+    def set_path(self) -> None:
+        """Set sys.path[0] as python would for this program (call find() first)."""
+        # Under -I or -P, python adds neither the script's directory nor the cwd.
+        if sys.flags.isolated or getattr(sys.flags, "safe_path", False) or not sys.path:
+            return
+        if self.kind == "module":
+            sys.path[0] = os.getcwd()
+        elif self.runpy_path:
+            sys.path[0] = self.target
+        else:
+            sys.path[0] = os.path.dirname(os.path.realpath(self.path))
+
+    def set_argv(self) -> None:
+        sys.argv[:] = [self.argv0, *self.args]
+
+    def run(self) -> None:
+        if self.kind == "module":
+            runpy.run_module(self.target, run_name="__main__", alter_sys=True)
+        elif self.runpy_path:
+            runpy.run_path(self.target, run_name="__main__")
+        else:
+            # Not runpy.run_path: it would set sys.argv[0] to the path it is given, but
+            # python keeps argv[0] as typed while __file__ and code paths are absolute.
+            assert self.source is not None
+            code = compile(self.source, self.path, "exec", dont_inherit=True)
+            main = types.ModuleType("__main__")
+            main.__dict__.update(__file__=self.path, __cached__=None, __builtins__=__builtins__,
+                                 __loader__=importlib.machinery.SourceFileLoader("__main__", self.path))
+            sys.modules["__main__"] = main
+            exec(code, main.__dict__)
+
+
+class _Session:
+    """Profiles the program and writes the report once, at interpreter exit."""
+
+    def __init__(self, opts: argparse.Namespace, out: Optional[IO[str]]) -> None:
+        self.opts = opts
+        self.out = out
+        self.status = 0            # exit status of the program, as far as known
+        self.sigint = False        # the program ended with KeyboardInterrupt
+        self.pid = os.getpid()
+        self.profiler = aioprof.Profiler(max_tasks=opts.max_tasks,
+                                         cpu_window=opts.cpu_window / 1e3,
+                                         slow_ms=opts.slow_ms)
+
+    def finish(self) -> None:
+        """atexit: stop the profiler and write the report; then exit like python on SIGINT."""
+        if os.getpid() != self.pid:      # a forked child exiting through sys.exit
+            return
+        try:
+            self._write()
+        except BaseException as e:
+            _say(f"error: could not write the report: {type(e).__name__}: {e}")
+            if self.status == 0 and not self.sigint:
+                _flush(sys.stdout, sys.stderr)
+                os._exit(2)
+        finally:
+            if self.sigint:
+                # What python does after an uncaught KeyboardInterrupt: die of SIGINT.
+                _flush(sys.stdout, sys.stderr)
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGINT)
+                except Exception:
+                    pass
+
+    def _write(self) -> None:
+        with warnings.catch_warnings():   # the warnings are in the report
+            warnings.simplefilter("ignore")
+            self.profiler.stop()
+            doc = self.profiler.stats()
+        _flush(sys.stdout)
+        file = self.out if self.out is not None else _stderr()
+        o = self.opts
+        report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,
+                     show_internal=o.show_internal)
+        if self.out is not None:
+            self.out.close()
+        else:
+            file.flush()
+
+
+def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
+    """Parse argv and check everything that can fail before the program starts."""
+    options, kind, target, args = _split(argv)
+    opts = _parser().parse_args(options)
+    if kind is None:
+        raise _Error("no script or -m module given (usage: " + USAGE + ")")
+    program = _Program(kind, target or "", args)
+    if kind == "module":     # a module is found on the sys.path it will run with
+        program.set_path()
+        program.find()
+    else:
+        program.find()
+        program.set_path()
+    out = None
+    if opts.output is not None:
+        try:
+            out = open(opts.output, "w", encoding="utf-8")
+        except OSError as e:
+            raise _Error(f"cannot write the report to {opts.output!r}: {e.strerror or e}") from None
+    try:
+        session = _Session(opts, out)
+    except Exception as e:
+        raise _Error(str(e)) from None
+    return program, session
+
+
+def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
+    """Run the command line `argv` (default sys.argv[1:]); always ends with SystemExit.
+
+    The exit status is the program's, as python would give it (sys.exit codes pass
+    through, 1 after an uncaught exception, death by SIGINT after KeyboardInterrupt);
+    2 for a usage error before the program starts, or when the report cannot be written
+    after a program that exited with 0.
+    """
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        program, session = _setup(argv)
+        program.set_argv()
+        atexit.register(session.finish)
+        try:
+            session.profiler.start()
+        except Exception as e:
+            atexit.unregister(session.finish)
+            raise _Error(f"cannot start the profiler: {e}") from None
+    except _Error as e:
+        _say(f"error: {e}")
+        raise SystemExit(2) from None
+
+    try:
+        program.run()
+    except SystemExit as e:
+        session.status = _exit_status(e.code)
+        raise
+    except KeyboardInterrupt as e:
+        _print_exception(e)
+        session.status, session.sigint = 130, True
+        raise SystemExit(130) from None
+    except BaseException as e:
+        _print_exception(e)
+        session.status = 1
+        raise SystemExit(1) from None
+    raise SystemExit(0)
