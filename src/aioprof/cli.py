@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import builtins
 import importlib.machinery
 import importlib.util
 import io
@@ -34,6 +35,9 @@ USAGE = "python -m aioprof [options] (script.py | -m module) [args ...]"
 DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then write the "
                "report (to stderr unless -o). Options go before the script or -m module; "
                "everything after it is passed to the program.")
+EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof cannot "
+          "start the program (bad option, missing script or module, unwritable -o file). "
+          "See docs/cli.md.")
 # Options that take a value as the next argument: needed to find where ours end.
 _VALUE_OPTIONS = {"-o", "--output", "--format", "--sort", "--limit", "--by", "--max-tasks",
                   "--cpu-window", "--slow-ms"}
@@ -78,8 +82,9 @@ _non_negative.__name__ = "number >= 0"
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="aioprof", usage=USAGE, description=DESCRIPTION, allow_abbrev=False)
-    p.add_argument("script", nargs="?", help="the program to run, with its arguments after it")
+    p = _Parser(prog="aioprof", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+                allow_abbrev=False)
+    p.add_argument("script", nargs="?", help="the program to run; its arguments follow it")
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module as a script, like python -m (ends aioprof's options)")
     p.add_argument("-o", "--output", metavar="FILE",
@@ -157,7 +162,8 @@ def _flush(*streams: Optional[IO[str]]) -> None:
 
 
 def _stderr() -> IO[str]:
-    return sys.stderr if _usable(sys.stderr) else sys.__stderr__
+    """The process's stderr, even if the program replaced sys.stderr (else sys.stderr)."""
+    return sys.__stderr__ if _usable(sys.__stderr__) else sys.stderr
 
 
 def _say(message: str) -> None:
@@ -258,9 +264,10 @@ class _Program:
             # python keeps argv[0] as typed while __file__ and code paths are absolute.
             assert self.source is not None
             code = compile(self.source, self.path, "exec", dont_inherit=True)
-            main = types.ModuleType("__main__")
-            main.__dict__.update(__file__=self.path, __cached__=None, __builtins__=__builtins__,
-                                 __loader__=importlib.machinery.SourceFileLoader("__main__", self.path))
+            main = types.ModuleType("__main__")   # with the globals python gives __main__
+            main.__dict__.update(
+                __annotations__={}, __builtins__=builtins, __cached__=None, __file__=self.path,
+                __loader__=importlib.machinery.SourceFileLoader("__main__", self.path))
             sys.modules["__main__"] = main
             exec(code, main.__dict__)
 
@@ -304,7 +311,7 @@ class _Session:
             warnings.simplefilter("ignore")
             self.profiler.stop()
             doc = self.profiler.stats()
-        _flush(sys.stdout)
+        _flush(sys.stdout, sys.stderr)
         file = self.out if self.out is not None else _stderr()
         o = self.opts
         report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,

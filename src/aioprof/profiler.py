@@ -82,6 +82,9 @@ class Profiler:
         if self._running:
             self._running = False
             self._final = self._document(_core.stop())
+            # One warning per fault, once: the run goes on without profiling.
+            for message in self._final.get("warnings", []):
+                warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
         return self
 
     @property
@@ -127,6 +130,4 @@ class Profiler:
     def _document(raw: dict) -> dict:
         doc = {"aioprof": 1, "python": platform.python_version()}
         doc.update(_to_seconds(raw))
-        for message in doc.get("warnings", []):
-            warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=3)
         return doc

@@ -216,6 +216,8 @@ int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle)
 uint32_t ap_cb_get(ap_session_t *s, PyObject *callback);
 /* Creation site of the code running now: first frame outside asyncio and aioprof. */
 uint32_t ap_creation_site(ap_session_t *s);
+/* Read the task's name again (it may have been set after creation). Never fails. */
+void ap_task_refresh_name(ap_task_t *t, PyObject *task);
 /* Release a task record's references and memory. */
 void ap_task_free(ap_task_t *t);
 /* Weak-reference callback: the task object died (possibly never finished). */

@@ -81,6 +81,15 @@ static uint32_t current_chain(ap_session_t *s, ap_task_t *t)
 static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *cx, ap_ns_t *site_idle,
                           uint64_t *site_count, ap_ns_t *inner_idle, uint64_t *inner_count)
 {
+    if (t->wr) {
+        PyObject *task = PyWeakref_GetObject(t->wr);   /* borrowed */
+        if (task && task != Py_None) {
+            Py_INCREF(task);
+            ap_task_refresh_name(t, task);
+            Py_DECREF(task);
+        }
+        PyErr_Clear();
+    }
     ap_ns_t busy = t->busy, sched = t->scheduled, idle = t->idle, max_step = t->max_step;
     uint32_t n_aw = t->n_awaits;
     ap_await_t *aw = NULL;

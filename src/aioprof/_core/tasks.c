@@ -337,6 +337,17 @@ error:
     return NULL;
 }
 
+void ap_task_refresh_name(ap_task_t *t, PyObject *task)
+{
+    /* asyncio.create_task(name=...) names the task after Task() scheduled it, so the
+     * name seen first may be a default one: read it again when it can be reported. */
+    PyObject *name = PyObject_CallMethod(task, "get_name", NULL);
+    if (name)
+        Py_SETREF(t->name, name);
+    else
+        PyErr_Clear();
+}
+
 void ap_task_free(ap_task_t *t)
 {
     Py_XDECREF(t->wr);
@@ -579,6 +590,7 @@ void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *
     }
     t->state = AP_DONE;
     t->t_end = now;
+    ap_task_refresh_name(t, task);
     r = PyObject_CallMethod(task, "cancelled", NULL);
     if (r && PyObject_IsTrue(r)) {
         t->result = AP_R_CANCELLED;

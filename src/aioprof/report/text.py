@@ -165,8 +165,11 @@ def _cut_left(s: str, width: int, ellipsis: str) -> str:
 
 def _sorted(rows: Iterable[dict], field: str) -> List[dict]:
     """Rows sorted descending by `field` (missing values last); ties keep their order."""
-    return sorted(rows, key=lambda row: _num(row.get(field)) if _num(row.get(field)) is not None
-                  else -math.inf, reverse=True)
+    def key(row: dict) -> float:
+        value = _num(row.get(field))
+        return -math.inf if value is None else value
+
+    return sorted(rows, key=key, reverse=True)
 
 
 def _list(doc: Dict[str, Any], key: str) -> List[dict]:
@@ -231,6 +234,7 @@ class _Renderer:
         self.show_internal = show_internal
         self.width = width
         self.ellipsis = ellipsis
+        self.top_coroutines: List[dict] = []   # set by coroutines()
 
     # -- building blocks ------------------------------------------------------------------
     def _visible(self, rows: List[dict]) -> Tuple[List[dict], int]:
@@ -306,7 +310,7 @@ class _Renderer:
 
     def coroutines(self) -> List[str]:
         rows, total, hidden = self._rows("coroutines", _SORT_FIELD[self.sort])
-        self._top_coroutines = rows[:AWAIT_COROUTINES]
+        self.top_coroutines = rows[:AWAIT_COROUTINES]
         cols = [
             _Col("coroutine", lambda r: _str(r.get("coroutine")), flex=12),
             _int_col("tasks", "tasks", drop=5),
@@ -323,7 +327,8 @@ class _Renderer:
         return self._title(title, total, len(rows), hidden) + self._table(cols, rows)
 
     def await_sites_of_top_coroutines(self) -> List[str]:
-        """For the first few coroutines of the table: where their tasks waited longest."""
+        """For the first coroutines of the table (call coroutines() first): where their
+        recorded tasks waited longest, summed over the tasks of each coroutine."""
         by_coro: Dict[tuple, Dict[tuple, List[float]]] = {}
         for task in _list(self.doc, "tasks"):
             sites = task.get("await_sites")
@@ -338,7 +343,7 @@ class _Renderer:
                 acc[0] += _num(site.get("idle_s")) or 0.0
                 acc[1] += _num(site.get("count")) or 0.0
         out: List[str] = []
-        for coro in getattr(self, "_top_coroutines", []):
+        for coro in self.top_coroutines:
             agg = by_coro.get((coro.get("coroutine"), coro.get("file"), coro.get("line")))
             if not agg:
                 continue
@@ -397,7 +402,6 @@ class _Renderer:
             _Col("function", lambda r: _str(r.get("function")), flex=10, drop=1),
             _int_col("count", "count"),
             _ms_col("idle ms", "idle_s"),
-            _int_col("inner count", "innermost_count", drop=2),
             _ms_col("inner idle ms", "innermost_idle_s"),
         ]
         title = f"Await sites by {'count' if field == 'count' else 'idle ms'}"

@@ -1,0 +1,53 @@
+"""Type stubs of aioprof's C core, `aioprof._core`.
+
+All times are integer nanoseconds on CLOCK_MONOTONIC (wall) and the thread's
+CLOCK_THREAD_CPUTIME_ID (CPU). `aioprof.Profiler` is the public interface; these are
+its building blocks. Definitions of every figure: docs/metrics.md and docs/json.md.
+"""
+from typing import Any, Sequence
+
+HIST_BUCKETS: int
+"""Buckets per histogram: log-linear, 8 per power of two (values within 12.5%)."""
+
+def start(max_tasks: int, cpu_window_ns: int, slow_ns: int) -> None:
+    """Install the event-loop and task hooks and begin a session.
+
+    max_tasks >= 0: per-task records kept (the rest are folded and counted as dropped).
+    cpu_window_ns > 0: the CPU clock is read at most once per window per thread.
+    slow_ns >= 0: steps, callbacks and ticks at least this long are slow.
+
+    Raises RuntimeError if a session is already running, ValueError for a bad argument,
+    and ImportError/AttributeError if asyncio's classes are not where expected.
+    """
+
+def stop() -> dict[str, Any]:
+    """Remove the hooks, end the session and return its final `snapshot()`.
+
+    Raises RuntimeError if no session is running.
+    """
+
+def snapshot() -> dict[str, Any]:
+    """The running session's figures as of now, in ns: keys wall_ns, cpu_window_ns,
+    slow_ns, dropped_tasks, warnings (list[str]), tasks, coroutines, callbacks, sites,
+    loops (lists of dicts; docs/json.md with *_ns in place of *_s).
+
+    Raises RuntimeError if no session is running.
+    """
+
+def is_active() -> bool:
+    """True while a session runs."""
+
+def set_fake_clock(on: bool) -> None:
+    """Replace both clocks by a fake one that starts at 0 and moves only with
+    `fake_advance` (for exact tests). Raises RuntimeError while a session runs."""
+
+def fake_advance(wall_ns: int, cpu_ns: int = 0) -> None:
+    """Move the fake clock forward. Raises ValueError if the fake clock is off or a
+    step is negative."""
+
+def clock_ns() -> int:
+    """aioprof's wall clock now, in ns (CLOCK_MONOTONIC, or the fake clock)."""
+
+def hist_quantiles(values: Sequence[int], quantiles: Sequence[float]) -> list[int]:
+    """Put `values` (ns) in one of aioprof's histograms and read the given quantiles
+    (each in [0, 1]; 1 gives the exact maximum). For tests of the histogram."""
