@@ -192,7 +192,7 @@ class _Program:
     def __init__(self, kind: str, target: str, args: List[str]) -> None:
         self.kind, self.target, self.args = kind, target, args
         self.source: Optional[bytes] = None
-        self.runpy_path = False
+        self.main_spec: Optional[importlib.machinery.ModuleSpec] = None   # dir or zip
 
     def find(self) -> None:
         """Check that the program exists (raises _Error); a module is looked up on sys.path."""
@@ -204,19 +204,19 @@ class _Program:
     def _find_script(self) -> None:
         path = self.target
         self.path = os.path.abspath(path)
-        # A directory or zip file runs its __main__.py (runpy.run_path), like python does.
-        self.runpy_path = os.path.exists(path) and pkgutil.get_importer(self.path) is not None
-        if self.runpy_path:
-            if not os.path.exists(os.path.join(path, "__main__.py")) and os.path.isdir(path):
+        self.argv0 = path
+        # A directory or zip file runs its __main__ module, like python does.
+        importer = pkgutil.get_importer(self.path) if os.path.exists(self.path) else None
+        if importer is not None:
+            self.main_spec = importer.find_spec("__main__")  # type: ignore[union-attr]
+            if self.main_spec is None or self.main_spec.loader is None:
                 raise _Error(f"can't find '__main__' module in {path!r}")
-            self.argv0 = path
             return
         try:
             with io.open_code(self.path) as f:
                 self.source = f.read()
         except OSError as e:
             raise _Error(f"can't open file {self.path!r}: [Errno {e.errno}] {e.strerror}") from None
-        self.argv0 = path
 
     def _find_module(self) -> None:
         name = self.target
@@ -246,8 +246,8 @@ class _Program:
             return
         if self.kind == "module":
             sys.path[0] = os.getcwd()
-        elif self.runpy_path:
-            sys.path[0] = self.target
+        elif self.main_spec is not None:
+            sys.path[0] = self.path
         else:
             sys.path[0] = os.path.dirname(os.path.realpath(self.path))
 
@@ -257,19 +257,26 @@ class _Program:
     def run(self) -> None:
         if self.kind == "module":
             runpy.run_module(self.target, run_name="__main__", alter_sys=True)
-        elif self.runpy_path:
-            runpy.run_path(self.target, run_name="__main__")
+            return
+        # Not runpy.run_path: it sets sys.argv[0] to the path it is given, but python keeps
+        # argv[0] as typed while __file__, sys.path[0] and code paths are absolute.
+        spec = self.main_spec
+        if spec is not None:
+            assert spec.loader is not None
+            code = spec.loader.get_code("__main__")  # type: ignore[attr-defined]
+            main = importlib.util.module_from_spec(spec)
         else:
-            # Not runpy.run_path: it would set sys.argv[0] to the path it is given, but
-            # python keeps argv[0] as typed while __file__ and code paths are absolute.
             assert self.source is not None
             code = compile(self.source, self.path, "exec", dont_inherit=True)
-            main = types.ModuleType("__main__")   # with the globals python gives __main__
+            main = types.ModuleType("__main__")
             main.__dict__.update(
-                __annotations__={}, __builtins__=builtins, __cached__=None, __file__=self.path,
+                __cached__=None, __file__=self.path,
                 __loader__=importlib.machinery.SourceFileLoader("__main__", self.path))
-            sys.modules["__main__"] = main
-            exec(code, main.__dict__)
+        # The globals python gives __main__; a real module, so that pickle and
+        # multiprocessing find what the program defines.
+        main.__dict__.update(__annotations__={}, __builtins__=builtins)
+        sys.modules["__main__"] = main
+        exec(code, main.__dict__)
 
 
 class _Session:

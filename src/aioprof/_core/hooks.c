@@ -13,7 +13,7 @@
  *    just ran): compare the session and its generation before touching anything;
  *  - accounting never raises into the program: an error becomes a fault (ap_fault),
  *    and an exception in flight from the original is saved and restored around it. */
-#include "profile.h"
+#include "monitor.h"
 
 #include <string.h>
 
@@ -22,8 +22,27 @@
 static struct {
     int installed;
     PyObject *handle_cls, *loop_cls, *sel_cls[N_SEL];     /* strong */
-    PyObject *orig_run, *orig_call_soon, *orig_run_once, *orig_select[N_SEL];
+    PyObject *orig_run, *orig_call_soon, *orig_run_once, *orig_run_forever, *orig_select[N_SEL];
 } H;
+
+static int hooks_refs;   /* a session and each open monitor hold one */
+
+/* The monitor of the loop whose tick runs in this thread. Observers are Python code
+ * and may close monitors at any time, so the pointer is trusted only while no monitor
+ * was closed since it was taken (ap_monitor_epoch). */
+static _Thread_local ap_monitor_t *tl_mon;
+static _Thread_local uint64_t tl_mon_epoch;
+
+static inline ap_monitor_t *tick_monitor(void)
+{
+    return (tl_mon && tl_mon_epoch == ap_monitor_epoch) ? tl_mon : NULL;
+}
+
+/* Re-find a monitor after Python code ran (it may have been closed). */
+static inline ap_monitor_t *monitor_again(PyObject *loop, ap_monitor_t *m)
+{
+    return (m && ap_monitor_count && ap_monitor_find(loop) == m) ? m : NULL;
+}
 
 /* Every selectors class that defines select() itself (EpollSelector overrides the
  * one of _PollLikeSelector, for instance). */
@@ -61,6 +80,11 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
 {
     ap_session_t *s = ap_session;
     ap_thread_t *th;
+    if (ap_monitor_count) {
+        ap_monitor_t *m = tick_monitor();
+        if (m)
+            ap_monitor_handle(m);
+    }
     if (!s || s->disabled || !(th = ap_thread_get(s)))
         return PyObject_CallOneArg(H.orig_run, handle);
     uint64_t gen = s->gen;
@@ -206,38 +230,71 @@ static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_
 static PyObject *hook_run_once(PyObject *loop, PyObject *Py_UNUSED(unused))
 {
     ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (!s || s->disabled || !(th = ap_thread_get(s)) || th->depth > 0)
+    ap_monitor_t *m = ap_monitor_count ? ap_monitor_find(loop) : NULL;
+    ap_thread_t *th = NULL;
+    int profile = s && !s->disabled && (th = ap_thread_get(s)) && th->depth == 0;
+    if (!profile && !m)
         return PyObject_CallOneArg(H.orig_run_once, loop);
-    uint64_t gen = s->gen;
+    uint64_t gen = profile ? s->gen : 0;
     ap_ns_t t0 = ap_clock_wall();
-    ap_loop_t *l = ap_loop_get(s, loop, t0);
-    if (!l) {
-        ap_fault(s, "registering an event loop");
-        return PyObject_CallOneArg(H.orig_run_once, loop);
+    ap_monitor_t *prev_mon = tl_mon;
+    uint64_t prev_epoch = tl_mon_epoch;
+    if (m) {
+        tl_mon = m;
+        tl_mon_epoch = ap_monitor_epoch;
+        ap_monitor_tick_start(m, t0);   /* observers run here: re-check what they may change */
+        profile = profile && still_live(s, gen);
     }
-    ap_loop_t *prev = th->loop;
-    th->loop = l;
-    th->tick_select = th->tick_capped = 0;
-    th->tick_handles = 0;
-    th->io_end = 0;
-    th->last_edge = t0;
+    ap_loop_t *l = profile ? ap_loop_get(s, loop, t0) : NULL;
+    ap_loop_t *prev = th ? th->loop : NULL;
+    if (profile && !l) {
+        ap_fault(s, "registering an event loop");
+        profile = 0;
+    }
+    if (profile) {
+        th->loop = l;
+        th->tick_select = th->tick_capped = 0;
+        th->tick_handles = 0;
+        th->io_end = 0;
+        th->last_edge = t0;
+    }
 
     PyObject *r = PyObject_CallOneArg(H.orig_run_once, loop);
 
-    if (!still_live(s, gen))
-        return r;
     ap_exc_state_t exc;
     ap_exc_save(&exc);
     ap_ns_t t1 = ap_clock_wall();
-    if (t1 > th->last_edge)
-        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, t1 - th->last_edge}, t1);
-    ap_loop_tick_end(s, th, l, t0, t1);
-    th->loop = prev;
-    th->last_edge = 0;
-    if (PyErr_Occurred())
-        ap_fault(s, "accounting a tick");
+    if (profile && still_live(s, gen)) {
+        if (t1 > th->last_edge)
+            ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, t1 - th->last_edge}, t1);
+        ap_loop_tick_end(s, th, l, t0, t1);
+        th->loop = prev;
+        th->last_edge = 0;
+        if (PyErr_Occurred())
+            ap_fault(s, "accounting a tick");
+    }
+    if ((m = monitor_again(loop, m)) != NULL)
+        ap_monitor_tick_end(m, t1);
+    tl_mon = prev_mon;
+    tl_mon_epoch = prev_epoch;
     ap_exc_restore(&exc);
+    return r;
+}
+
+/* ------------------------------------------------------------------ BaseEventLoop.run_forever */
+
+static PyObject *hook_run_forever(PyObject *loop, PyObject *Py_UNUSED(unused))
+{
+    ap_monitor_t *m = ap_monitor_count ? ap_monitor_find(loop) : NULL;
+    if (m)
+        ap_monitor_loop_start(m);
+    PyObject *r = PyObject_CallOneArg(H.orig_run_forever, loop);
+    if ((m = monitor_again(loop, m ? m : (ap_monitor_count ? ap_monitor_find(loop) : NULL))) != NULL) {
+        ap_exc_state_t exc;
+        ap_exc_save(&exc);
+        ap_monitor_loop_stop(m);
+        ap_exc_restore(&exc);
+    }
     return r;
 }
 
@@ -252,10 +309,12 @@ static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *
         which++;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (!s || s->disabled || !(th = ap_thread_get(s)) || !th->loop || th->depth > 0)
+    ap_thread_t *th = NULL;
+    ap_monitor_t *m = ap_monitor_count ? tick_monitor() : NULL;
+    int profile = s && !s->disabled && (th = ap_thread_get(s)) && th->loop && th->depth == 0;
+    if (!profile && !m)
         return call_orig(H.orig_select[which], sel, args, nargs, kwnames);
-    uint64_t gen = s->gen;
+    uint64_t gen = profile ? s->gen : 0;
     PyObject *timeout = nargs > 0 ? args[0] : NULL;
     for (Py_ssize_t i = 0; kwnames && !timeout && i < PyTuple_GET_SIZE(kwnames); i++)
         if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), str_timeout) == 0)
@@ -268,22 +327,33 @@ static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *
         else
             timeout_ns = d <= 0 ? 0 : (ap_ns_t)(d * 1e9);
     }
-    ap_loop_t *l = th->loop;
+    ap_loop_t *l = profile ? th->loop : NULL;
     ap_ns_t t0 = ap_clock_wall();
-    if (t0 > th->last_edge && th->last_edge > 0)
+    if (m) {
+        ap_monitor_io_start(m, t0, timeout_ns);
+        profile = profile && still_live(s, gen);
+        m = tick_monitor();
+    }
+    if (profile && t0 > th->last_edge && th->last_edge > 0)
         ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, t0 - th->last_edge}, t0);
 
     PyObject *r = call_orig(H.orig_select[which], sel, args, nargs, kwnames);
 
-    if (!still_live(s, gen))
-        return r;
     ap_ns_t t1 = ap_clock_wall(), wait = t1 - t0;
     Py_ssize_t events = r && PyList_Check(r) ? PyList_GET_SIZE(r) : -1;
-    ap_loop_select(s, l, t0, t1, timeout_ns, events);
-    th->tick_select += wait;
-    th->tick_capped += (timeout_ns >= 0 && wait > timeout_ns) ? timeout_ns : wait;
-    th->io_end = t1;
-    th->last_edge = t1;
+    if (profile && still_live(s, gen)) {
+        ap_loop_select(s, l, t0, t1, timeout_ns, events);
+        th->tick_select += wait;
+        th->tick_capped += (timeout_ns >= 0 && wait > timeout_ns) ? timeout_ns : wait;
+        th->io_end = t1;
+        th->last_edge = t1;
+    }
+    if (m && (m = tick_monitor()) != NULL) {
+        ap_exc_state_t exc;
+        ap_exc_save(&exc);
+        ap_monitor_io_end(m, t1, events);
+        ap_exc_restore(&exc);
+    }
     return r;
 }
 
@@ -294,6 +364,8 @@ static PyMethodDef def_call_soon = {"_call_soon", (PyCFunction)(void (*)(void))h
                                     METH_FASTCALL | METH_KEYWORDS, "aioprof hook around _call_soon."};
 static PyMethodDef def_run_once = {"_run_once", hook_run_once, METH_NOARGS,
                                    "aioprof hook around BaseEventLoop._run_once."};
+static PyMethodDef def_run_forever = {"run_forever", hook_run_forever, METH_NOARGS,
+                                      "aioprof hook around BaseEventLoop.run_forever."};
 static PyMethodDef def_select = {"select", (PyCFunction)(void (*)(void))hook_select,
                                  METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
                                  "aioprof hook around selector.select."};
@@ -340,7 +412,9 @@ static PyObject *get_attr_path(const char *module, const char *attr)
     return a;
 }
 
-int ap_hooks_install(PyObject *Py_UNUSED(module))
+static void hooks_uninstall(void);
+
+static int hooks_install(void)
 {
     if (H.installed) {
         PyErr_SetString(PyExc_RuntimeError, "aioprof hooks are already installed");
@@ -358,7 +432,8 @@ int ap_hooks_install(PyObject *Py_UNUSED(module))
         goto error;
     if (swap(H.handle_cls, "_run", &def_run, &H.orig_run) < 0 ||
         swap(H.loop_cls, "_call_soon", &def_call_soon, &H.orig_call_soon) < 0 ||
-        swap(H.loop_cls, "_run_once", &def_run_once, &H.orig_run_once) < 0)
+        swap(H.loop_cls, "_run_once", &def_run_once, &H.orig_run_once) < 0 ||
+        swap(H.loop_cls, "run_forever", &def_run_forever, &H.orig_run_forever) < 0)
         goto error;
     for (int i = 0; i < N_SEL; i++) {
         PyObject *cls = get_attr_path("selectors", sel_names[i]);
@@ -383,18 +458,33 @@ error:
     H.installed = 1;
     ap_exc_state_t exc;
     ap_exc_save(&exc);
-    ap_hooks_uninstall();
+    hooks_uninstall();
     ap_exc_restore(&exc);
     return -1;
 }
 
-void ap_hooks_uninstall(void)
+int ap_hooks_acquire(void)
+{
+    if (hooks_refs == 0 && hooks_install() < 0)
+        return -1;
+    hooks_refs++;
+    return 0;
+}
+
+void ap_hooks_release(void)
+{
+    if (hooks_refs > 0 && --hooks_refs == 0)
+        hooks_uninstall();
+}
+
+static void hooks_uninstall(void)
 {
     if (!H.installed)
         return;
     restore(H.handle_cls, "_run", &H.orig_run);
     restore(H.loop_cls, "_call_soon", &H.orig_call_soon);
     restore(H.loop_cls, "_run_once", &H.orig_run_once);
+    restore(H.loop_cls, "run_forever", &H.orig_run_forever);
     for (int i = 0; i < N_SEL; i++) {
         restore(H.sel_cls[i], "select", &H.orig_select[i]);
         Py_CLEAR(H.sel_cls[i]);

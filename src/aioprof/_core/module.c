@@ -3,7 +3,7 @@
  *
  * The session is process-wide (ap_session) because the hooks it feeds are installed
  * on process-wide classes; see hooks.c. */
-#include "profile.h"
+#include "monitor.h"
 
 #include <string.h>
 
@@ -204,7 +204,7 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     s->t0 = ap_clock_wall();
     ap_session = s;
-    if (ap_hooks_install(module) < 0) {
+    if (ap_hooks_acquire() < 0) {
         ap_session = NULL;
         session_free(s);
         return NULL;
@@ -232,7 +232,7 @@ static PyObject *mod_stop(PyObject *module, PyObject *Py_UNUSED(unused))
         PyErr_SetString(PyExc_RuntimeError, "no aioprof profiler is running");
         return NULL;
     }
-    ap_hooks_uninstall();
+    ap_hooks_release();
     PyObject *snap = mod_snapshot(module, NULL);
     s->t_stop = ap_clock_wall();
     ap_session = NULL;
@@ -328,6 +328,10 @@ static PyMethodDef methods[] = {
     {"clock_ns", mod_clock_ns, METH_NOARGS, "clock_ns() -> int: aioprof's wall clock now (ns)."},
     {"hist_quantiles", (PyCFunction)(void (*)(void))mod_hist_quantiles, METH_FASTCALL,
      "hist_quantiles(values_ns, quantiles) -> list: quantiles of values through aioprof's histogram."},
+    {"monitor_add", ap_monitor_add, METH_O, "monitor_add(loop) -> int: open a loop monitor."},
+    {"monitor_close", ap_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
+    {"monitor_observers", ap_monitor_observers, METH_O, "monitor_observers(id) -> list: its observers."},
+    {"monitor_read", ap_monitor_read, METH_O, "monitor_read(id) -> dict: its figures now."},
     {"_task_died", ap_task_died, METH_O, "weak-reference callback (internal)."},
     {"_loop_died", ap_loop_died, METH_O, "weak-reference callback (internal)."},
     {NULL, NULL, 0, NULL},

@@ -243,10 +243,11 @@ void ap_loop_free(ap_loop_t *l);
 PyObject *ap_loop_died(PyObject *module, PyObject *wr);
 
 /* --- hooks.c --- */
-/* Install the hooks on the standard-library classes; 0 or -1 with an exception set. */
-int ap_hooks_install(PyObject *module);
-/* Put the original methods back; never fails (errors are cleared). */
-void ap_hooks_uninstall(void);
+/* Take a reference on the hooks, installing them on the standard-library classes
+ * when they were not: 0, or -1 with an exception set. */
+int ap_hooks_acquire(void);
+/* Drop a reference; the last one puts the original methods back (never fails). */
+void ap_hooks_release(void);
 
 /* --- snapshot.c --- */
 /* The session's figures as a dict of lists and ints (ns), as of `now`. New ref. */

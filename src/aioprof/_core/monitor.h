@@ -1,0 +1,33 @@
+/* monitor.h - loop monitors (see monitor.c): observers of the loop events and the
+ * smoothed load of one loop, with or without a profiling session. */
+#ifndef AP_MONITOR_H
+#define AP_MONITOR_H
+
+#include "profile.h"
+
+typedef struct ap_monitor ap_monitor_t;
+
+/* Number of open monitors: the hooks look one up only when it is non-zero. */
+extern int ap_monitor_count;
+/* Bumped whenever a monitor is closed: a saved monitor pointer is stale after it. */
+extern uint64_t ap_monitor_epoch;
+
+/* The open monitor of `loop`, or NULL. */
+ap_monitor_t *ap_monitor_find(PyObject *loop);
+/* Events, called by the hooks with the GIL held. They never raise. */
+void ap_monitor_loop_start(ap_monitor_t *m);
+void ap_monitor_loop_stop(ap_monitor_t *m);
+void ap_monitor_tick_start(ap_monitor_t *m, ap_ns_t now);
+void ap_monitor_handle(ap_monitor_t *m);
+void ap_monitor_tick_end(ap_monitor_t *m, ap_ns_t now);
+void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout);
+void ap_monitor_io_end(ap_monitor_t *m, ap_ns_t now, Py_ssize_t events);
+
+/* Module functions: monitor_add(loop) -> id; monitor_close(id);
+ * monitor_observers(id) -> the observer list (mutable); monitor_read(id) -> dict. */
+PyObject *ap_monitor_add(PyObject *module, PyObject *loop);
+PyObject *ap_monitor_close(PyObject *module, PyObject *id);
+PyObject *ap_monitor_observers(PyObject *module, PyObject *id);
+PyObject *ap_monitor_read(PyObject *module, PyObject *id);
+
+#endif

@@ -1,0 +1,107 @@
+"""`LoopMonitor`: the events and the load of one asyncio event loop, cheap enough to
+leave on in production.
+
+Loop events (from the asyncio loop-instrumentation proposal), delivered to observers:
+
+================  ==============================================================
+``loop_start()``  the loop starts running (``run_forever``/``run_until_complete``)
+``tick_start()``  one loop iteration (``BaseEventLoop._run_once``) begins
+``io_start(t)``   the loop is about to wait in ``select``; ``t`` is the timeout in
+                  seconds, or None for "until an event"
+``io_end(t, n)``  ``select`` returned with ``n`` events
+``tick_end(h)``   the iteration ends, having run ``h`` handles
+``loop_stop()``   the loop stops running
+================  ==============================================================
+
+The load is computed in C without calling Python: the share of time the loop is busy,
+where time blocked in ``select`` counts as idle only up to the timeout it was given
+(time past the timeout means the process was not scheduled: busy), smoothed
+exponentially with a 1 s time constant.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+from aioprof import _core
+
+__all__ = ["LoopMonitor"]
+
+
+class LoopMonitor:
+    """Watch one event loop (default: the running one) until `close()`.
+
+    Works with or without a running `aioprof.Profiler`. One monitor per loop.
+
+    Raises:
+        RuntimeError: no loop given and none running, the loop already has a monitor,
+            or 64 monitors are open.
+    """
+
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        self.loop = loop
+        self._id: Optional[int] = _core.monitor_add(loop)
+
+    # -- observers ------------------------------------------------------------------
+    def add_observer(self, observer: Any) -> None:
+        """Call `observer`'s methods named after the loop events (any subset of
+        loop_start, tick_start, io_start, io_end, tick_end, loop_stop) from now on.
+
+        An exception raised by an observer goes to `sys.unraisablehook` and never
+        reaches the loop. Observers run on the loop's thread, inside the loop: keep
+        them short (they add to every tick)."""
+        _core.monitor_observers(self._checked()).append(observer)
+
+    def remove_observer(self, observer: Any) -> None:
+        """Stop calling `observer`. Raises ValueError if it was not added."""
+        _core.monitor_observers(self._checked()).remove(observer)
+
+    # -- figures --------------------------------------------------------------------
+    def load(self) -> float:
+        """The loop's smoothed load now, in [0, 1] (1 s exponential window).
+
+        Time in ``select`` up to its timeout is idle; everything else while the loop
+        runs is busy, including ``select`` sleeping past its timeout. A few hundred
+        nanoseconds: fit for load shedding in a request handler."""
+        return _core.monitor_read(self._checked())["load"]
+
+    def stats(self) -> dict:
+        """Figures since the monitor opened: ``load`` (smoothed, as `load()`),
+        ``wall_s`` (time inside ticks), ``select_wait_s``, ``utilization``
+        (1 - select wait / wall), ``capped_load`` (1 - select wait capped at each
+        timeout / wall), ``ticks``, ``select_calls``, ``handles``, ``running``,
+        ``age_s`` (seconds since the monitor opened)."""
+        raw = _core.monitor_read(self._checked())
+        wall = raw["wall_ns"]
+        return {
+            "load": raw["load"],
+            "wall_s": wall / 1e9,
+            "select_wait_s": raw["select_wait_ns"] / 1e9,
+            "utilization": (1 - raw["select_wait_ns"] / wall) if wall else None,
+            "capped_load": (1 - raw["select_capped_ns"] / wall) if wall else None,
+            "ticks": raw["ticks"],
+            "select_calls": raw["select_calls"],
+            "handles": raw["handles"],
+            "running": raw["running"],
+            "age_s": raw["age_ns"] / 1e9,
+        }
+
+    # -- life cycle -------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop watching the loop. Idempotent."""
+        if self._id is not None:
+            _core.monitor_close(self._id)
+            self._id = None
+
+    def __enter__(self) -> "LoopMonitor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _checked(self) -> int:
+        if self._id is None:
+            raise RuntimeError("this LoopMonitor is closed")
+        return self._id
