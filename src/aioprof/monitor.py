@@ -21,11 +21,23 @@ exponentially with a 1 s time constant.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from typing import Any, Optional
 
-from aioprof import _core
-
 __all__ = ["LoopMonitor"]
+
+
+class _Core:
+    """aioprof._core, imported on first use so that `import aioprof` works without it;
+    the first use puts the real module in this one's place."""
+
+    def __getattr__(self, name: str) -> Any:
+        module = importlib.import_module("aioprof._core")
+        globals()["_core"] = module
+        return getattr(module, name)
+
+
+_core = _Core()
 
 
 class LoopMonitor:

@@ -11,8 +11,6 @@ import sys
 import warnings
 from typing import IO, Any, Optional
 
-from aioprof import _core
-
 __all__ = ["Profiler"]
 
 
@@ -72,6 +70,8 @@ class Profiler:
 
         Raises RuntimeError if a profiler is already running in this process.
         """
+        from aioprof import _core   # imported late: reports render without a built core
+
         _core.start(self.max_tasks, int(self.cpu_window * 1e9), int(self.slow_ms * 1e6))
         self._running = True
         self._final = None
@@ -81,6 +81,8 @@ class Profiler:
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
         if self._running:
             self._running = False
+            from aioprof import _core
+
             self._final = self._document(_core.stop())
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
@@ -106,6 +108,8 @@ class Profiler:
         after stop(), the final snapshot. Raises RuntimeError if never started.
         """
         if self._running:
+            from aioprof import _core
+
             return self._document(_core.snapshot())
         if self._final is None:
             raise RuntimeError("this Profiler was never started")

@@ -130,10 +130,11 @@ def test_sites_charge_outer_frames(fake_clock):
         await asyncio.gather(outer(ev), setter(ev))
 
     doc = profile(lambda: asyncio.run(main()))
-    sites = {(s["function"], s["line"]): s for s in doc["sites"]}
+    # 3.10 code objects know only their plain name (no co_qualname): compare that part.
+    sites = {(s["function"].rsplit(".", 1)[-1], s["line"]): s for s in doc["sites"]}
     i_line, o_line = line_of(inner, "# [INNER]"), line_of(outer, "# [OUTER]")
-    i_site = sites[(inner.__qualname__, i_line)]
-    o_site = sites[(outer.__qualname__, o_line)]
+    i_site = sites[("inner", i_line)]
+    o_site = sites[("outer", o_line)]
     assert (i_site["count"], ns(i_site["idle_s"]), i_site["innermost_count"]) == (1, 4 * MS, 1)
     assert (o_site["count"], ns(o_site["idle_s"]), o_site["innermost_count"]) == (1, 4 * MS, 0)
     task = next(t for t in doc["tasks"] if t["coroutine"].endswith("outer"))

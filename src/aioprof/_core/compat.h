@@ -36,6 +36,29 @@ static inline PyObject *ap_code_qualname(PyCodeObject *code)
 #endif
 }
 
+/* The object a weak reference points to, as a new reference, or NULL when it is dead
+ * (never an error: one is cleared). 3.13 deprecated PyWeakref_GetObject. */
+static inline PyObject *ap_weakref_get(PyObject *wr)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(wr, &obj) < 0)
+        PyErr_Clear();
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(wr);
+    if (!obj) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return obj == Py_None ? NULL : Py_NewRef(obj);
+#endif
+}
+
+/* Whether code objects know their qualified name (co_qualname, 3.11+). Before that,
+ * the qualified name of a coroutine comes from the coroutine object itself. */
+#define AP_CODE_HAS_QUALNAME (PY_VERSION_HEX >= 0x030B0000)
+
 /* PyEval_GetFrame returns a borrowed reference on every supported version. */
 static inline PyFrameObject *ap_current_frame(void) { return PyEval_GetFrame(); }
 

@@ -110,6 +110,7 @@ static void session_free(ap_session_t *s)
     Py_XDECREF(s->faults);
     Py_XDECREF(s->asyncio_dir);
     Py_XDECREF(s->aioprof_dir);
+    Py_XDECREF(s->asyncio_all);
     Py_XDECREF(s->task_types);
     Py_XDECREF(s->timer_type);
     Py_XDECREF(s->wr_task_cb);
@@ -192,7 +193,10 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     s->faults = PyList_New(0);
     s->asyncio_dir = package_dir("asyncio");
     s->aioprof_dir = s->asyncio_dir ? package_dir("aioprof") : NULL;
-    s->task_types = s->aioprof_dir ? task_types() : NULL;
+    PyObject *asyncio = s->aioprof_dir ? PyImport_ImportModule("asyncio") : NULL;
+    s->asyncio_all = asyncio ? PyObject_GetAttrString(asyncio, "__all__") : NULL;
+    Py_XDECREF(asyncio);
+    s->task_types = s->asyncio_all ? task_types() : NULL;
     PyObject *events = s->task_types ? PyImport_ImportModule("asyncio.events") : NULL;
     s->timer_type = events ? PyObject_GetAttrString(events, "TimerHandle") : NULL;
     Py_XDECREF(events);

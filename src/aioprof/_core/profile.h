@@ -165,6 +165,7 @@ typedef struct {
     int disabled;         /* a fault switched accounting off */
     PyObject *faults;     /* list of str */
     PyObject *asyncio_dir, *aioprof_dir;   /* strong str, with trailing separator */
+    PyObject *asyncio_all;                 /* asyncio.__all__: its public names */
     PyObject *task_types; /* tuple of task classes */
     PyObject *timer_type; /* asyncio.TimerHandle */
     PyObject *wr_task_cb, *wr_loop_cb;     /* C functions called when a task/loop dies */

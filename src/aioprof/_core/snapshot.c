@@ -69,10 +69,9 @@ static uint32_t current_chain(ap_session_t *s, ap_task_t *t)
 {
     if (!t->wr || !t->coro)
         return AP_NONE;
-    PyObject *task = PyWeakref_GetObject(t->wr);   /* borrowed */
-    if (!task || task == Py_None)
+    PyObject *task = ap_weakref_get(t->wr);   /* keeps the coroutine alive during the walk */
+    if (!task)
         return AP_NONE;
-    Py_INCREF(task);   /* keeps the coroutine alive during the walk */
     uint32_t chain = ap_chain_of(s, t->coro);
     Py_DECREF(task);
     return chain;
@@ -82,13 +81,11 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
                           uint64_t *site_count, ap_ns_t *inner_idle, uint64_t *inner_count)
 {
     if (t->wr) {
-        PyObject *task = PyWeakref_GetObject(t->wr);   /* borrowed */
-        if (task && task != Py_None) {
-            Py_INCREF(task);
+        PyObject *task = ap_weakref_get(t->wr);
+        if (task) {
             ap_task_refresh_name(t, task);
             Py_DECREF(task);
         }
-        PyErr_Clear();
     }
     ap_ns_t busy = t->busy, sched = t->scheduled, idle = t->idle, max_step = t->max_step;
     uint32_t n_aw = t->n_awaits;

@@ -59,11 +59,17 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
     Py_DECREF(first);
     c->is_asyncio = starts_with(file, s->asyncio_dir);
     c->is_aioprof = starts_with(file, s->aioprof_dir);
-    /* asyncio's own coroutines: methods (BaseEventLoop.shutdown_asyncgens) and private
-     * functions; public ones such as sleep() are what the user asked for. */
-    c->is_internal = c->is_asyncio &&
-                     (PyUnicode_FindChar(qual, '.', 0, PY_SSIZE_T_MAX, 1) >= 0 ||
-                      PyUnicode_ReadChar(qual, 0) == '_');
+    /* asyncio's own coroutines (BaseEventLoop.shutdown_asyncgens, ...) are internal;
+     * the public ones in asyncio.__all__, such as sleep(), are what the user asked for. */
+    c->is_internal = 0;
+    if (c->is_asyncio) {
+        PyObject *name = PyObject_GetAttrString(code, "co_name");
+        int pub = name && s->asyncio_all ? PySequence_Contains(s->asyncio_all, name) : 0;
+        Py_XDECREF(name);
+        if (pub < 0)
+            PyErr_Clear();
+        c->is_internal = pub != 1 || PyUnicode_FindChar(qual, '.', 0, PY_SSIZE_T_MAX, 1) >= 0;
+    }
     c->coro = AP_NONE;
     if (ap_table_put(&s->code_idx, (uintptr_t)code, idx + 1) < 0) {
         Py_CLEAR(c->code);
@@ -191,26 +197,30 @@ ap_task_t *ap_task_find(ap_session_t *s, PyObject *task)
     return (ap_task_t *)ap_table_get(&s->live, (uintptr_t)task);
 }
 
-/* Has the coroutine not started yet? (Then the task was created just now.) */
+/* Has the coroutine not started yet? (Then the task was created just now.) Mirrors
+ * inspect.getcoroutinestate(): created = has a frame, neither running nor suspended. */
 static int coro_unstarted(PyObject *coro)
 {
-    if (!PyCoro_CheckExact(coro) && !PyGen_Check(coro))
+    int is_coro = PyCoro_CheckExact(coro);
+    if (!is_coro && !PyGen_Check(coro))
         return 1;   /* any other awaitable: no way to tell, assume new */
-    PyObject *frame = PyObject_GetAttrString(coro, PyCoro_CheckExact(coro) ? "cr_frame" : "gi_frame");
+    PyObject *frame = PyObject_GetAttrString(coro, is_coro ? "cr_frame" : "gi_frame");
     if (!frame)
         return -1;
     int r = 0;
     if (frame != Py_None) {
+#if AP_CODE_HAS_QUALNAME   /* 3.11+: cr_suspended exists and f_lasti no longer tells */
+        PyObject *susp = PyObject_GetAttrString(coro, is_coro ? "cr_suspended" : "gi_suspended");
+        PyObject *run = susp ? PyObject_GetAttrString(coro, is_coro ? "cr_running" : "gi_running") : NULL;
+        r = run ? (PyObject_Not(susp) == 1 && PyObject_Not(run) == 1) : -1;
+        Py_XDECREF(susp);
+        Py_XDECREF(run);
+#else                      /* 3.10: f_lasti is -1 until the first instruction runs */
         PyObject *lasti = PyObject_GetAttrString(frame, "f_lasti");
-        if (!lasti) {
-            Py_DECREF(frame);
-            return -1;
-        }
-        /* f_lasti is -1 before the first instruction ran on 3.10; from 3.11 the
-         * RESUME at offset 0 means "not started" as long as it is < 0 or 0. */
-        long v = PyLong_AsLong(lasti);
-        Py_DECREF(lasti);
-        r = v <= 0;
+        long v = lasti ? PyLong_AsLong(lasti) : -2;
+        Py_XDECREF(lasti);
+        r = v == -2 ? -1 : v < 0;
+#endif
     }
     Py_DECREF(frame);
     return r;
@@ -265,6 +275,15 @@ static uint32_t coro_get(ap_session_t *s, PyObject *coro)
     }
     memset(&s->coros[s->n_coros], 0, sizeof(ap_coro_t));
     s->coros[s->n_coros].code = c;
+#if !AP_CODE_HAS_QUALNAME
+    /* 3.10: the code object only knows co_name; the coroutine knows its __qualname__. */
+    PyObject *qual = PyObject_GetAttrString(coro, "__qualname__");
+    if (qual && PyUnicode_Check(qual))
+        Py_SETREF(s->codes[c].qualname, qual);
+    else
+        Py_XDECREF(qual);
+    PyErr_Clear();
+#endif
     s->codes[c].coro = s->n_coros;
     return s->n_coros++;
 }
@@ -595,7 +614,12 @@ void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *
     if (r && PyObject_IsTrue(r)) {
         t->result = AP_R_CANCELLED;
     } else if (r) {
-        PyObject *exc = PyObject_CallMethod(task, "exception", NULL);
+        /* Not task.exception(): that marks the exception retrieved, and asyncio would no
+         * longer log "Task exception was never retrieved". The _exception attribute of
+         * both the C and the Python Future reads it without a side effect. */
+        PyObject *exc = PyObject_GetAttrString(task, "_exception");
+        if (!exc && PyErr_ExceptionMatches(PyExc_AttributeError))
+            PyErr_Clear();
         if (exc && exc != Py_None) {
             t->result = AP_R_FAILED;
             t->exc_name = PyUnicode_FromString(_PyType_Name(Py_TYPE(exc)));

@@ -1,0 +1,394 @@
+"""`python -m aioprof` end to end: the program sees what `python` would give it, its
+output and exit status are unchanged, and the report is written in every case."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _import_root() -> Path:
+    """Where this process imports aioprof from (src/, or another build under a sanitizer)."""
+    spec = importlib.util.find_spec("aioprof")
+    if spec is None or not spec.submodule_search_locations:
+        return REPO / "src"
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(_import_root())]
+                                        + [p for p in [env.get("PYTHONPATH")] if p])
+    env.pop("PYTHONSAFEPATH", None)
+    env["COLUMNS"] = "120"
+    return env
+
+
+def run(args: Sequence[str], *, cwd: Path, aioprof: Optional[Sequence[str]] = None,
+        timeout: float = 60) -> "subprocess.CompletedProcess[bytes]":
+    """Run `python *args`, or `python -m aioprof *aioprof *args` when aioprof is not None."""
+    cmd = [sys.executable] + (["-m", "aioprof", *aioprof] if aioprof is not None else []) + list(args)
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, timeout=timeout)
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return path
+
+
+ASYNC_PROGRAM = """\
+    import asyncio, sys
+
+    async def my_worker(n):
+        for i in range(n):
+            await asyncio.sleep(0.001)
+        return n
+
+    async def main():
+        t = asyncio.create_task(my_worker(3))  # [create]
+        print("result", await t, "\\u00e9", flush=False)
+        sys.stdout.buffer.write(b"raw \\xff\\x00 bytes\\r\\n")
+
+    asyncio.run(main())
+    print("end", end="")
+"""
+
+
+# -- the program's view and output ---------------------------------------------------------
+def test_stdout_is_identical_and_report_goes_to_stderr(tmp_path):
+    write(tmp_path / "prog.py", ASYNC_PROGRAM)
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=[])
+    assert plain.returncode == prof.returncode == 0
+    assert prof.stdout == plain.stdout
+    assert b"raw \xff\x00 bytes\r\n" in prof.stdout
+    assert prof.stderr.decode().startswith("aioprof: wall ")
+    assert "my_worker" in prof.stderr.decode()
+
+
+def test_argv_path_and_main_module_as_python_gives_them(tmp_path):
+    write(tmp_path / "sub" / "prog.py", """\
+        import json, sys, __main__
+        print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "file": __file__,
+                          "name": __name__, "main": sys.modules["__main__"] is __main__,
+                          "spec": repr(__spec__), "globals": sorted(globals())}))
+    """)
+    # The program's own options, even those aioprof also has, must reach it untouched.
+    args = ["sub/prog.py", "a", "-o", "x.json", "--format", "text", "-m", "--", "b"]
+    plain = run(args, cwd=tmp_path)
+    prof = run(args, cwd=tmp_path, aioprof=["--sort", "idle"])
+    assert plain.returncode == prof.returncode == 0, prof.stderr
+    assert prof.stdout == plain.stdout
+    seen = json.loads(prof.stdout)
+    assert seen["argv"] == args
+    assert seen["path0"] == str((tmp_path / "sub").resolve())
+    assert seen["file"] == str(tmp_path / "sub" / "prog.py")
+    assert seen["name"] == "__main__" and seen["main"] and seen["spec"] == "None"
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_pickle_and_spawned_processes_find_main(tmp_path):
+    # Objects defined in the script pickle by reference to __main__, and a spawned child
+    # re-imports the script from __main__.__file__: both need a real __main__ module.
+    write(tmp_path / "prog.py", """\
+        import multiprocessing, pickle
+
+        def square(x):
+            return x * x
+
+        class Point:
+            pass
+
+        if __name__ == "__main__":
+            with multiprocessing.get_context("spawn").Pool(2) as pool:
+                print(pool.map(square, [1, 2, 3]))
+            print(type(pickle.loads(pickle.dumps(Point()))).__name__)
+    """)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", str(tmp_path / "r.txt")])
+    assert prof.returncode == 0, prof.stderr
+    assert prof.stdout.decode().splitlines() == ["[1, 4, 9]", "Point"]
+
+
+@pytest.mark.parametrize("target", ["app", "app.zip"])
+def test_directory_and_zip_with_main(tmp_path, target):
+    source = """\
+        import sys
+        print(sys.argv, sys.path[0], __file__, __spec__.name, sorted(globals()))
+    """
+    write(tmp_path / "app" / "__main__.py", source)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", textwrap.dedent(source))
+    plain = run([target, "x"], cwd=tmp_path)
+    prof = run([target, "x"], cwd=tmp_path, aioprof=["-o", str(tmp_path / "r.txt")])
+    assert plain.returncode == prof.returncode == 0, prof.stderr
+    assert prof.stdout == plain.stdout
+
+
+def test_symlinked_script_path0_is_the_real_directory(tmp_path):
+    write(tmp_path / "real" / "prog.py", "import sys; print(sys.path[0], __file__)\n")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "prog.py").symlink_to(tmp_path / "real" / "prog.py")
+    plain = run(["links/prog.py"], cwd=tmp_path)
+    prof = run(["links/prog.py"], cwd=tmp_path, aioprof=[])
+    assert prof.stdout == plain.stdout and plain.returncode == prof.returncode == 0
+
+
+def test_module_mode(tmp_path):
+    write(tmp_path / "pkg" / "__init__.py", "")
+    body = """\
+        import json, sys
+        print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__,
+                          "spec": __spec__.name}))
+    """
+    write(tmp_path / "pkg" / "mod.py", body)
+    write(tmp_path / "pkg" / "__main__.py", body)
+    for module in ("pkg.mod", "pkg"):
+        plain = run(["-m", module, "x", "--y"], cwd=tmp_path)
+        prof = run(["-m", module, "x", "--y"], cwd=tmp_path, aioprof=["--limit", "3"])
+        assert plain.returncode == prof.returncode == 0, prof.stderr
+        assert prof.stdout == plain.stdout
+        seen = json.loads(prof.stdout)
+        assert seen["argv"][1:] == ["x", "--y"]
+        assert Path(seen["argv"][0]).name == ("mod.py" if module == "pkg.mod" else "__main__.py")
+        assert seen["path0"] == str(tmp_path)
+        assert seen["name"] == "__main__"
+        assert prof.stderr.decode().startswith("aioprof: wall ")
+
+
+# -- exit status ---------------------------------------------------------------------------
+@pytest.mark.parametrize("ending, status", [
+    ("sys.exit(3)", 3),
+    ("sys.exit(0)", 0),
+    ("sys.exit()", 0),
+    ("sys.exit(None)", 0),
+    ("raise SystemExit(True)", 1),
+    ("sys.exit('bye bye')", 1),
+    ("sys.exit(256 + 7)", 7),
+])
+def test_exit_status_passes_through(tmp_path, ending, status):
+    write(tmp_path / "prog.py", f"import sys\nprint('out')\n{ending}\n")
+    out = tmp_path / "report.txt"
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", str(out)])
+    assert plain.returncode == prof.returncode == status
+    assert prof.stdout == plain.stdout
+    assert prof.stderr == plain.stderr            # e.g. "bye bye\n" for a string code
+    assert out.read_text().startswith("aioprof: wall ")
+
+
+def test_exit_inside_asyncio(tmp_path):
+    write(tmp_path / "prog.py", """\
+        import asyncio, sys
+        async def main():
+            await asyncio.sleep(0.001)
+            sys.exit(3)
+        asyncio.run(main())
+    """)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=[])
+    assert prof.returncode == 3
+    assert "main" in prof.stderr.decode()
+
+
+def test_uncaught_exception_prints_the_same_traceback(tmp_path):
+    write(tmp_path / "prog.py", """\
+        import asyncio
+
+        async def fail():
+            await asyncio.sleep(0)
+            raise ValueError("boom")
+
+        async def main():
+            await asyncio.gather(fail())
+
+        print("before")
+        asyncio.run(main())
+    """)
+    out = tmp_path / "report.txt"
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", str(out)])
+    assert plain.returncode == prof.returncode == 1
+    assert prof.stdout == plain.stdout
+    assert prof.stderr.splitlines()[-1] == b"ValueError: boom"
+    # No frame of aioprof or runpy: the whole traceback is python's.
+    assert prof.stderr == plain.stderr
+    assert out.read_text().startswith("aioprof: wall ")
+
+
+def test_uncaught_exception_report_on_stderr_after_the_traceback(tmp_path):
+    write(tmp_path / "prog.py", "def f():\n    raise KeyError('k')\nf()\n")
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=[])
+    assert prof.returncode == 1
+    assert prof.stderr.startswith(plain.stderr)
+    assert prof.stderr[len(plain.stderr):].startswith(b"aioprof: wall ")
+
+
+def test_syntax_error_is_reported_like_python(tmp_path):
+    write(tmp_path / "prog.py", "print('x'\n")
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", str(tmp_path / "r.txt")])
+    assert plain.returncode == prof.returncode == 1
+    assert prof.stderr == plain.stderr
+
+
+@pytest.mark.skipif(os.name != "posix", reason="death by SIGINT is POSIX")
+def test_keyboard_interrupt_exits_like_python_and_writes_the_report(tmp_path):
+    write(tmp_path / "prog.py", """\
+        import asyncio
+        async def main():
+            await asyncio.sleep(0.001)
+            raise KeyboardInterrupt
+        print("started", flush=True)
+        print("buffered")
+        asyncio.run(main())
+    """)
+    out = tmp_path / "report.json"
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", str(out), "--format", "json"])
+    assert plain.returncode == prof.returncode == -signal.SIGINT
+    assert prof.stdout == plain.stdout == b"started\nbuffered\n"
+    assert prof.stderr == plain.stderr
+    doc = json.loads(out.read_text())
+    (main,) = [t for t in doc["tasks"] if t["coroutine"] == "main"]
+    assert main["state"] == "failed" and main["exception"] == "KeyboardInterrupt"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals are POSIX")
+def test_real_sigint_exits_like_python_and_writes_the_report(tmp_path):
+    write(tmp_path / "prog.py", """\
+        import asyncio
+        async def serve():
+            print("ready", flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(serve())
+    """)
+    out = tmp_path / "report.json"
+    results = []
+    for extra in (None, ["-o", str(out), "--format", "json"]):
+        cmd = [sys.executable] + (["-m", "aioprof", *extra] if extra else []) + ["prog.py"]
+        with subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"ready\n"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            results.append((proc.returncode, err.splitlines()[-1:]))
+    assert results[0] == results[1] == (-signal.SIGINT, [b"KeyboardInterrupt"])
+    (task,) = [t for t in json.loads(out.read_text())["tasks"] if t["coroutine"] == "serve"]
+    # 3.11+: asyncio.run cancels the main task on SIGINT; 3.10: KeyboardInterrupt fails it.
+    assert task["state"] in ("cancelled", "failed")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("ending, status", [("", 2), ("sys.exit(3)", 3)])
+def test_report_write_failure(tmp_path, ending, status):
+    write(tmp_path / "prog.py", f"import sys\nprint('out')\n{ending}\n")
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", "/dev/full"])
+    assert prof.returncode == status
+    assert prof.stdout == b"out\n"
+    lines = prof.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aioprof: error: could not write the report")
+
+
+# -- report ----------------------------------------------------------------------------
+def test_json_report_has_the_programs_coroutine(tmp_path):
+    write(tmp_path / "prog.py", ASYNC_PROGRAM)
+    out = tmp_path / "out.json"
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["--format", "json", "-o", str(out)])
+    assert prof.returncode == 0, prof.stderr
+    assert prof.stderr == b""
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["aioprof"] == 1 and isinstance(doc["tasks"], list)
+    workers = [t for t in doc["tasks"] if t["coroutine"] == "my_worker"]
+    assert len(workers) == 1
+    worker = workers[0]
+    assert worker["state"] == "done" and worker["steps"] == 4
+    assert Path(worker["created_at"]["file"]).name == "prog.py"
+    assert worker["created_at"]["line"] == 9
+    assert any(c["coroutine"] == "my_worker" for c in doc["coroutines"])
+
+
+def test_json_report_to_stderr(tmp_path):
+    write(tmp_path / "prog.py", ASYNC_PROGRAM)
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["--format=json"])
+    assert prof.returncode == 0
+    assert "tasks" in json.loads(prof.stderr)
+
+
+def test_text_report_options(tmp_path):
+    write(tmp_path / "prog.py", ASYNC_PROGRAM)
+    out = tmp_path / "out.txt"
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["--by", "task", "--sort", "idle", "--limit",
+                                                   "1", "--show-internal", "-o", str(out)])
+    assert prof.returncode == 0 and prof.stderr == b""
+    report = out.read_text(encoding="utf-8")
+    assert "Tasks by idle ms" in report
+    assert "internal hidden" not in report
+
+
+def test_threads_are_measured_to_their_end(tmp_path):
+    # main returns while a non-daemon thread still runs its own loop: python waits for the
+    # thread, and the report is written after that, so the thread's task is complete.
+    write(tmp_path / "prog.py", """\
+        import asyncio, threading
+        async def in_thread():
+            await asyncio.sleep(0.2)
+        threading.Thread(target=asyncio.run, args=(in_thread(),)).start()
+    """)
+    out = tmp_path / "out.json"
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["--format", "json", "-o", str(out)])
+    assert prof.returncode == 0, prof.stderr
+    doc = json.loads(out.read_text())
+    (task,) = [t for t in doc["tasks"] if t["coroutine"] == "in_thread"]
+    assert task["state"] == "done" and task["idle_s"] > 0.1
+
+
+# -- errors before the program runs --------------------------------------------------------
+@pytest.mark.parametrize("args", [
+    ["missing.py"],
+    ["--no-such-option", "prog.py"],
+    ["--limit", "-1", "prog.py"],
+    ["--sort", "wall", "prog.py"],
+    ["-o", "/nonexistent-dir/x.json", "prog.py"],
+    ["-m", "no_such_module_xyz"],
+    ["-m", "no_such_pkg_xyz.mod"],
+    ["-m", "pkg"],                 # a package without __main__
+    ["pkg"],                       # a directory without __main__.py
+    ["--out", "x.txt", "prog.py"], # long options are not abbreviated
+    ["-m"],
+    [],
+    ["--max-tasks", "10"],
+])
+def test_bad_command_line(tmp_path, args):
+    write(tmp_path / "prog.py", "open('ran', 'w').close()\n")
+    write(tmp_path / "pkg" / "__init__.py", "")
+    prof = run(args, cwd=tmp_path, aioprof=[])
+    assert prof.returncode == 2
+    assert prof.stdout == b""
+    lines = prof.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("aioprof: error: ")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_version_and_help(tmp_path):
+    version = run(["--version"], cwd=tmp_path, aioprof=[])
+    assert version.returncode == 0
+    assert version.stdout.decode().strip() == "aioprof 0.1.0"
+    usage = run(["--help"], cwd=tmp_path, aioprof=[])
+    assert usage.returncode == 0
+    for option in ("-o", "--output FILE", "--format", "--sort", "--limit N", "--by", "--show-internal",
+                   "--max-tasks N", "--cpu-window MS", "--slow-ms MS", "-m MODULE"):
+        assert option in usage.stdout.decode()
