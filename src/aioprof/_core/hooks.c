@@ -23,6 +23,8 @@ static struct {
     int installed;
     PyObject *handle_cls, *loop_cls, *sel_cls[N_SEL];     /* strong */
     PyObject *orig_run, *orig_call_soon, *orig_run_once, *orig_run_forever, *orig_select[N_SEL];
+    PyObject *uv_loop_cls, *orig_uv_call_soon;   /* uvloop.Loop and its inherited call_soon */
+    PyTypeObject *uv_step_type;                  /* ap_uvstep_t, made once */
 } H;
 
 static int hooks_refs;   /* a session and each open monitor hold one */
@@ -357,6 +359,225 @@ static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *
     return r;
 }
 
+/* ------------------------------------------------------------------ uvloop */
+
+/* uvloop runs its handles in Cython, out of reach of the hooks above. Its Python
+ * subclass uvloop.Loop takes attributes, so call_soon is hooked there: when the callback
+ * is a task's step or wake-up, uvloop is handed this small callable instead, which runs
+ * the real callback and times it as hook_run does. The task, its coroutine and the loop
+ * keep their types. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *cb;      /* the task's step/wake-up callable (it holds the task) */
+    PyObject *loop;
+    vectorcallfunc vectorcall;
+} ap_uvstep_t;
+
+static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    ap_uvstep_t *w = (ap_uvstep_t *)self;
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    PyObject *task;
+    if (!s || s->disabled || !(th = ap_thread_get(s)) || th->depth > 0 ||
+        !(task = ap_task_of_callback(s, w->cb)))
+        return PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
+    /* task is borrowed: w->cb holds it, and uvloop holds w while calling it. No extra
+     * reference: the program can see refcounts (sys.getrefcount). */
+    uint64_t gen = s->gen;
+    ap_ns_t now = ap_clock_wall();
+    ap_task_t *t = ap_task_find(s, task);
+    if (!t)
+        t = ap_task_new(s, th, task, now);
+    ap_loop_t *l = ap_loop_get(s, w->loop, now);
+    if (t) {
+        if (l && t->state == AP_READY)
+            ap_loop_lag(l, now - t->t_mark, 0);
+        ap_task_step_begin(s, th, t, now);
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "starting a uvloop step");
+    ap_task_t *prev = th->task;
+    th->task = t;
+    th->depth++;
+    PyObject *r = PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
+    if (still_live(s, gen)) {
+        ap_exc_state_t exc;
+        ap_exc_save(&exc);
+        ap_ns_t end = ap_clock_wall();
+        th->depth--;
+        th->task = prev;
+        if (t && t->state == AP_RUNNING) {
+            uint32_t site_start = t->last_site;
+            ap_task_step_end(s, th, t, task, end);
+            if (end - now >= s->slow_ns && l && still_live(s, gen)) {
+                uint32_t site_end = t->state == AP_SUSPENDED && t->coro ? ap_chain_site(s, ap_chain_of(s, t->coro)) : AP_NONE;
+                ap_slow_t rec = {.dur = end - now, .task = t->id, .coro = t->coro_idx, .cb = AP_NONE,
+                                 .site_start = site_start, .site_end = site_end, .at = now - s->t0};
+                ap_loop_slow(s, l, &rec);
+            }
+        }
+        if (l)
+            l->handles++;
+        if (PyErr_Occurred())
+            ap_fault(s, "accounting a uvloop step");
+        ap_exc_restore(&exc);
+    }
+    return r;
+}
+
+static PyObject *uvstep_repr(PyObject *self)
+{
+    return PyObject_Repr(((ap_uvstep_t *)self)->cb);   /* what uvloop's debug output would show */
+}
+
+static int uvstep_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((ap_uvstep_t *)self)->cb);
+    Py_VISIT(((ap_uvstep_t *)self)->loop);
+    return 0;
+}
+
+static int uvstep_clear(PyObject *self)
+{
+    Py_CLEAR(((ap_uvstep_t *)self)->cb);
+    Py_CLEAR(((ap_uvstep_t *)self)->loop);
+    return 0;
+}
+
+static void uvstep_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    uvstep_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef uvstep_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(ap_uvstep_t, vectorcall), READONLY, NULL},
+    {"__wrapped__", T_OBJECT_EX, offsetof(ap_uvstep_t, cb), READONLY, "the task's own callback"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot uvstep_slots[] = {
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_repr, uvstep_repr},
+    {Py_tp_traverse, uvstep_traverse},
+    {Py_tp_clear, uvstep_clear},
+    {Py_tp_dealloc, uvstep_dealloc},
+    {Py_tp_members, uvstep_members},
+    {0, NULL},
+};
+
+static PyType_Spec uvstep_spec = {
+    .name = "aioprof._core.UvloopStep",
+    .basicsize = sizeof(ap_uvstep_t),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = uvstep_slots,
+};
+
+static PyObject *hook_uv_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    PyObject *task;
+    if (nargs < 1 || !s || s->disabled || !(th = ap_thread_get(s)) || !(task = ap_task_of_callback(s, args[0])))
+        return call_orig(H.orig_uv_call_soon, loop, args, nargs, kwnames);
+    ap_uvstep_t *w = PyObject_GC_New(ap_uvstep_t, H.uv_step_type);
+    if (!w) {
+        ap_fault(s, "wrapping a uvloop step");
+        return call_orig(H.orig_uv_call_soon, loop, args, nargs, kwnames);
+    }
+    w->cb = Py_NewRef(args[0]);
+    w->loop = Py_NewRef(loop);
+    w->vectorcall = uvstep_call;
+    PyObject_GC_Track((PyObject *)w);
+    /* Same bookkeeping as hook_call_soon: a wake-up or a new task. */
+    ap_task_t *t = ap_task_find(s, task);
+    if (t && t->state == AP_RUNNING) {
+        t->woke_in_step = 1;
+    } else {
+        ap_ns_t now = ap_clock_wall();
+        if (t)
+            ap_task_wake(s, th, t, now, now);
+        else
+            ap_task_new(s, th, task, now);
+        ap_loop_t *l = ap_loop_get(s, loop, now);
+        if (l)
+            l->uvloop = 1;
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "recording a uvloop call_soon");
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *small[8], **buf = nargs + nkw <= 8 ? small : PyMem_Malloc((nargs + nkw) * sizeof(PyObject *));
+    PyObject *r;
+    if (!buf) {
+        r = PyErr_NoMemory();
+    } else {
+        memcpy(buf, args, (nargs + nkw) * sizeof(PyObject *));
+        buf[0] = (PyObject *)w;
+        r = call_orig(H.orig_uv_call_soon, loop, buf, nargs, kwnames);
+        if (buf != small)
+            PyMem_Free(buf);
+    }
+    Py_DECREF(w);
+    return r;
+}
+
+static PyMethodDef def_uv_call_soon = {"call_soon", (PyCFunction)(void (*)(void))hook_uv_call_soon,
+                                       METH_FASTCALL | METH_KEYWORDS, "aioprof hook around uvloop's call_soon."};
+
+/* Hook uvloop.Loop.call_soon if uvloop is installed. 0, or -1 with an error set. */
+static int uv_install(void)
+{
+    PyObject *util = PyImport_ImportModule("importlib.util");
+    PyObject *spec = util ? PyObject_CallMethod(util, "find_spec", "s", "uvloop") : NULL;
+    Py_XDECREF(util);
+    if (!spec)
+        return -1;
+    int present = spec != Py_None;
+    Py_DECREF(spec);
+    if (!present)
+        return 0;
+    PyObject *uv = PyImport_ImportModule("uvloop");
+    if (!uv) {
+        PyErr_Clear();   /* broken uvloop install: the program will find out, not us */
+        return 0;
+    }
+    H.uv_loop_cls = PyObject_GetAttrString(uv, "Loop");
+    Py_DECREF(uv);
+    if (!H.uv_loop_cls || !PyType_Check(H.uv_loop_cls) ||
+        !(((PyTypeObject *)H.uv_loop_cls)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        PyErr_Clear();
+        Py_CLEAR(H.uv_loop_cls);
+        return 0;
+    }
+    if (!H.uv_step_type && !(H.uv_step_type = (PyTypeObject *)PyType_FromSpec(&uvstep_spec)))
+        return -1;
+    /* call_soon is inherited from the Cython base class; the hook goes on the subclass
+     * and is deleted from it again on uninstall. */
+    H.orig_uv_call_soon = PyObject_GetAttrString(H.uv_loop_cls, "call_soon");
+    PyObject *descr = H.orig_uv_call_soon ? PyDescr_NewMethod((PyTypeObject *)H.uv_loop_cls, &def_uv_call_soon) : NULL;
+    int rc = descr ? PyObject_SetAttrString(H.uv_loop_cls, "call_soon", descr) : -1;
+    Py_XDECREF(descr);
+    if (rc < 0) {
+        Py_CLEAR(H.orig_uv_call_soon);
+        Py_CLEAR(H.uv_loop_cls);
+        return -1;
+    }
+    return 0;
+}
+
+static void uv_uninstall(void)
+{
+    if (H.uv_loop_cls && H.orig_uv_call_soon && PyObject_DelAttrString(H.uv_loop_cls, "call_soon") < 0)
+        PyErr_Clear();
+    Py_CLEAR(H.orig_uv_call_soon);
+    Py_CLEAR(H.uv_loop_cls);
+}
+
 /* ------------------------------------------------------------------ install */
 
 static PyMethodDef def_run = {"_run", hook_run, METH_NOARGS, "aioprof hook around Handle._run."};
@@ -452,6 +673,8 @@ static int hooks_install(void)
         if (swap(cls, "select", &def_select, &H.orig_select[i]) < 0)
             goto error;
     }
+    if (uv_install() < 0)
+        goto error;
     H.installed = 1;
     return 0;
 error:
@@ -485,6 +708,7 @@ static void hooks_uninstall(void)
     restore(H.loop_cls, "_call_soon", &H.orig_call_soon);
     restore(H.loop_cls, "_run_once", &H.orig_run_once);
     restore(H.loop_cls, "run_forever", &H.orig_run_forever);
+    uv_uninstall();
     for (int i = 0; i < N_SEL; i++) {
         restore(H.sel_cls[i], "select", &H.orig_select[i]);
         Py_CLEAR(H.sel_cls[i]);

@@ -78,6 +78,7 @@ typedef struct ap_task {
     PyObject *coro;       /* borrowed: valid only while the task is alive and pending */
     PyObject *name;       /* strong str */
     PyObject *exc_name;   /* strong str or NULL */
+    PyObject *coro_name;  /* strong str: qualname of a coroutine that has no code (Cython) */
     uint32_t coro_idx;    /* index into s->coros */
     uint32_t created;     /* site index or AP_NONE */
     uint64_t parent;      /* task id or 0 */
@@ -117,7 +118,7 @@ typedef struct ap_loop {
     PyObject *type_name;  /* strong str */
     unsigned long thread;
     int real_time;        /* loop.time() is time.monotonic(): timer due times are comparable */
-    unsigned destroyed : 1;
+    unsigned destroyed : 1, uvloop : 1;   /* uvloop: no ticks, select or callbacks seen */
     uint64_t ticks, handles, select_calls, io_events;
     ap_ns_t wall, select_wait, select_capped, overhead_cpu;
     ap_ns_t first_seen, last_tick_end;

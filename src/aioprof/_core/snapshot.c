@@ -169,7 +169,7 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
         file = Py_NewRef(c->filename);
         line = PyLong_FromLong(c->firstlineno);
     } else {
-        coro_name = PyUnicode_FromString("<awaitable>");
+        coro_name = t->coro_name ? Py_NewRef(t->coro_name) : PyUnicode_FromString("<awaitable>");
         file = PyUnicode_FromString("");
         line = PyLong_FromLong(0);
     }
@@ -219,6 +219,26 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
         if (!o || PyList_Append(slow, o) < 0)
             Py_CLEAR(slow);
         Py_XDECREF(o);
+    }
+    if (l->uvloop) {
+        /* uvloop runs its ticks and select in Cython: those figures are unavailable,
+         * which is null, never 0. Task steps, their lag and slow steps are measured. */
+        PyObject *none = Py_None;
+        return dict_of(27, "id", u64(l->id), "type", Py_NewRef(l->type_name),
+                       "thread", PyLong_FromUnsignedLong(l->thread), "ticks", Py_NewRef(none),
+                       "handles", u64(l->handles), "select_calls", Py_NewRef(none),
+                       "io_events", Py_NewRef(none), "wall_ns", Py_NewRef(none), "select_wait_ns", Py_NewRef(none),
+                       "busy_ns", Py_NewRef(none), "utilization", Py_NewRef(none), "load", Py_NewRef(none),
+                       "load_smoothed", Py_NewRef(none),
+                       "lag_p50_ns", ns(ap_hist_quantile(&l->lag_hist, 0.5)),
+                       "lag_p90_ns", ns(ap_hist_quantile(&l->lag_hist, 0.9)),
+                       "lag_p99_ns", ns(ap_hist_quantile(&l->lag_hist, 0.99)),
+                       "lag_max_ns", ns(l->lag_hist.max), "lag_count", u64(l->lag_hist.count),
+                       "timer_lag_p99_ns", Py_NewRef(none), "timer_lag_max_ns", Py_NewRef(none),
+                       "tick_busy_p50_ns", Py_NewRef(none), "tick_busy_p99_ns", Py_NewRef(none),
+                       "tick_busy_max_ns", Py_NewRef(none), "handles_per_tick_max", Py_NewRef(none),
+                       "slow_steps", slow, "slow_total", u64(l->slow_total),
+                       "destroyed", PyBool_FromLong(l->destroyed));
     }
     double wall = (double)l->wall;
     ap_ns_t busy = l->wall - l->select_wait;

@@ -70,6 +70,14 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
             PyErr_Clear();
         c->is_internal = pub != 1 || PyUnicode_FindChar(qual, '.', 0, PY_SSIZE_T_MAX, 1) >= 0;
     }
+    /* uvloop's compiled loop ("uvloop/loop.pyx") runs its own shutdown coroutines. */
+    if (PyUnicode_Check(file) && PyUnicode_GetLength(file) > 7) {
+        PyObject *pre = PyUnicode_FromString("uvloop/");
+        if (pre && PyUnicode_Tailmatch(file, pre, 0, 7, -1) == 1)
+            c->is_internal = 1;
+        Py_XDECREF(pre);
+        PyErr_Clear();
+    }
     c->coro = AP_NONE;
     if (ap_table_put(&s->code_idx, (uintptr_t)code, idx + 1) < 0) {
         Py_CLEAR(c->code);
@@ -254,11 +262,8 @@ uint32_t ap_creation_site(ap_session_t *s)
 
 static uint32_t coro_get(ap_session_t *s, PyObject *coro)
 {
-    PyObject *code = NULL;
-    if (PyCoro_CheckExact(coro))
-        code = PyObject_GetAttrString(coro, "cr_code");
-    else if (PyGen_Check(coro))
-        code = PyObject_GetAttrString(coro, "gi_code");
+    /* Native coroutines and generators, and Cython's, which carry a code object too. */
+    PyObject *code = PyObject_GetAttrString(coro, PyGen_Check(coro) ? "gi_code" : "cr_code");
     if (!code) {
         PyErr_Clear();
         return AP_NONE;   /* not a coroutine object: no per-coroutine row */
@@ -327,6 +332,17 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
         ap_coro_t *c = &s->coros[t->coro_idx];
         c->tasks++;
         t->internal = s->codes[c->code].is_internal;
+    } else if (coro != Py_None) {
+        /* A coroutine compiled by Cython (uvloop's shutdown_asyncgens, ...): no code
+         * object, but a qualified name; uvloop's own are internal. */
+        t->coro_name = PyObject_GetAttrString(coro, "__qualname__");
+        if (!t->coro_name) {
+            PyErr_Clear();
+            t->coro_name = PyUnicode_FromString(_PyType_Name(Py_TYPE(coro)));
+            if (!t->coro_name)
+                goto error;
+        }
+        t->internal = strncmp(Py_TYPE(coro)->tp_name, "uvloop.", 7) == 0;
     }
     t->wr = PyWeakref_NewRef(task, s->wr_task_cb);
     if (!t->wr)
@@ -372,6 +388,7 @@ void ap_task_free(ap_task_t *t)
     Py_XDECREF(t->wr);
     Py_XDECREF(t->name);
     Py_XDECREF(t->exc_name);
+    Py_XDECREF(t->coro_name);
     PyMem_RawFree(t->awaits);
     PyMem_RawFree(t);
 }
