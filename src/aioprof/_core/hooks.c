@@ -455,6 +455,18 @@ static void uvstep_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
+/* uvloop's debug output names a task step by cb.__self__ (its _format_handle mirrors
+ * asyncio's): answer with the wrapped callback's. */
+static PyObject *uvstep_get_self(PyObject *self, void *Py_UNUSED(closure))
+{
+    return PyObject_GetAttrString(((ap_uvstep_t *)self)->cb, "__self__");
+}
+
+static PyGetSetDef uvstep_getset[] = {
+    {"__self__", uvstep_get_self, NULL, "the wrapped callback's __self__ (the task)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef uvstep_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(ap_uvstep_t, vectorcall), READONLY, NULL},
     {"__wrapped__", T_OBJECT_EX, offsetof(ap_uvstep_t, cb), READONLY, "the task's own callback"},
@@ -468,6 +480,7 @@ static PyType_Slot uvstep_slots[] = {
     {Py_tp_clear, uvstep_clear},
     {Py_tp_dealloc, uvstep_dealloc},
     {Py_tp_members, uvstep_members},
+    {Py_tp_getset, uvstep_getset},
     {0, NULL},
 };
 
