@@ -172,6 +172,9 @@ def test_slow_steps_and_ticks(fake_clock):
     assert [ns(s["duration_s"]) for s in steps] == [5 * MS, 4 * MS]
     assert steps[0]["coroutine"] == "job"
     assert steps[0]["step_end"]["line"] == line_of(job, "# [WAIT]")
+    assert next(c for c in doc["coroutines"] if c["coroutine"] == "job")["slow_steps"] == 2
+    wait_site = next(s for s in doc["sites"] if s["line"] == line_of(job, "# [WAIT]"))
+    assert wait_site["slow_steps"] == 1   # A's first step ended suspended there; B's ended done
     ticks = [s for s in loop["slow_steps"] if s["kind"] == "tick"]
     assert ticks and ns(ticks[0]["duration_s"]) == 9 * MS and ticks[0]["handles"] >= 2
 

@@ -136,9 +136,16 @@ void ap_loop_lag(ap_loop_t *l, ap_ns_t lag, int timer)
         ap_hist_add(&l->timer_hist, lag);
 }
 
-void ap_loop_slow(ap_session_t *Py_UNUSED(s), ap_loop_t *l, const ap_slow_t *rec)
+void ap_loop_slow(ap_session_t *s, ap_loop_t *l, const ap_slow_t *rec)
 {
     l->slow_total++;
+    /* Exact counts per coroutine, callback and line; the list below keeps the longest. */
+    if (rec->coro != AP_NONE)
+        s->coros[rec->coro].slow++;
+    if (rec->cb != AP_NONE)
+        s->cbs[rec->cb].slow++;
+    if (rec->site_end != AP_NONE)
+        s->sites[rec->site_end].slow++;
     if (l->n_slow < AP_SLOW_KEEP) {
         l->slow[l->n_slow++] = *rec;
         return;

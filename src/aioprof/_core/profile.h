@@ -37,6 +37,7 @@ typedef struct {
     int line;
     uint64_t count, inner_count;
     ap_ns_t idle, inner_idle;
+    uint64_t slow;        /* slow steps that ended suspended here */
 } ap_site_t;
 
 /* An interned await chain: site indices, outermost first. Index into s->chains. */
@@ -48,7 +49,7 @@ typedef struct {
 /* Per coroutine function of a task. Index into s->coros. */
 typedef struct {
     uint32_t code;
-    uint64_t tasks, steps;
+    uint64_t tasks, steps, slow;
     ap_ns_t busy, cpu, scheduled, idle, max_step;
     ap_hist_t hist;
 } ap_coro_t;
@@ -58,7 +59,7 @@ typedef struct {
     PyObject *name;       /* strong str */
     uint32_t code;        /* AP_NONE for built-ins */
     int internal;
-    uint64_t count;
+    uint64_t count, slow;
     ap_ns_t busy, cpu, max_step;
 } ap_cb_t;
 

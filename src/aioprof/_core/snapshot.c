@@ -312,7 +312,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
     for (uint32_t i = 0; coros && i < s->n_coros; i++) {
         ap_coro_t *c = &s->coros[i];
         ap_code_t *code = &s->codes[c->code];
-        PyObject *o = dict_of(13, "coroutine", Py_NewRef(code->qualname), "file", Py_NewRef(code->filename),
+        PyObject *o = dict_of(14, "slow_steps", u64(c->slow), "coroutine", Py_NewRef(code->qualname),
+                              "file", Py_NewRef(code->filename),
                               "line", PyLong_FromLong(code->firstlineno), "internal", PyBool_FromLong(code->is_internal),
                               "tasks", u64(c->tasks), "steps", u64(c->steps), "busy_ns", ns(c->busy + cx[i].busy),
                               "cpu_ns", ns(c->cpu), "scheduled_ns", ns(c->scheduled + cx[i].scheduled),
@@ -334,7 +335,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
             Py_SETREF(file, Py_NewRef(s->codes[c->code].filename));
             Py_SETREF(line, PyLong_FromLong(s->codes[c->code].firstlineno));
         }
-        PyObject *o = dict_of(8, "callback", Py_NewRef(c->name), "file", file, "line", line,
+        PyObject *o = dict_of(9, "slow_steps", u64(c->slow), "callback", Py_NewRef(c->name), "file", file,
+                              "line", line,
                               "internal", PyBool_FromLong(c->internal), "count", u64(c->count),
                               "busy_ns", ns(c->busy), "cpu_ns", ns(c->cpu), "max_step_ns", ns(c->max_step));
         if (!o || PyList_Append(cbs, o) < 0)
@@ -348,10 +350,10 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
     for (uint32_t i = 0; sites && i < s->n_sites && i < cap; i++) {
         ap_site_t *st = &s->sites[i];
         uint64_t count = st->count + site_count[i];
-        if (count == 0)
+        if (count == 0 && st->slow == 0)
             continue;   /* creation sites and lines never suspended at */
         ap_code_t *code = &s->codes[st->code];
-        PyObject *o = dict_of(8, "file", Py_NewRef(code->filename), "line", PyLong_FromLong(st->line),
+        PyObject *o = dict_of(9, "slow_steps", u64(st->slow), "file", Py_NewRef(code->filename), "line", PyLong_FromLong(st->line),
                               "function", Py_NewRef(code->qualname), "internal", PyBool_FromLong(code->is_asyncio),
                               "count", u64(count), "idle_ns", ns(st->idle + site_idle[i]),
                               "innermost_count", u64(st->inner_count + inner_count[i]),
