@@ -54,6 +54,9 @@ class LoopMonitor:
         if loop is None:
             loop = asyncio.get_running_loop()
         self.loop = loop
+        # Only the standard library's loops run the hooked _run_once and select; for
+        # others (uvloop) every figure is unavailable: None, never 0.
+        self.available = isinstance(loop, asyncio.base_events.BaseEventLoop)
         self._id: Optional[int] = _core.monitor_add(loop)
 
     # -- observers ------------------------------------------------------------------
@@ -71,22 +74,29 @@ class LoopMonitor:
         _core.monitor_observers(self._checked()).remove(observer)
 
     # -- figures --------------------------------------------------------------------
-    def load(self) -> float:
-        """The loop's smoothed load now, in [0, 1] (1 s exponential window).
+    def load(self) -> Optional[float]:
+        """The loop's smoothed load now, in [0, 1] (1 s exponential window); None for a
+        loop aioprof cannot watch (uvloop: see `available`).
 
         Time in ``select`` up to its timeout is idle; everything else while the loop
         runs is busy, including ``select`` sleeping past its timeout. A few hundred
         nanoseconds: fit for load shedding in a request handler."""
-        return _core.monitor_read(self._checked())["load"]
+        load = _core.monitor_read(self._checked())["load"]
+        return load if self.available else None
 
     def stats(self) -> dict:
         """Figures since the monitor opened: ``load`` (smoothed, as `load()`),
         ``wall_s`` (time inside ticks), ``select_wait_s``, ``utilization``
         (1 - select wait / wall), ``capped_load`` (1 - select wait capped at each
         timeout / wall), ``ticks``, ``select_calls``, ``handles``, ``running``,
-        ``age_s`` (seconds since the monitor opened)."""
+        ``age_s`` (seconds since the monitor opened). All but ``age_s`` are None for a
+        loop aioprof cannot watch."""
         raw = _core.monitor_read(self._checked())
         wall = raw["wall_ns"]
+        if not self.available:
+            return {key: None for key in ("load", "wall_s", "select_wait_s", "utilization", "capped_load",
+                                          "ticks", "select_calls", "handles", "running")} | {
+                "age_s": raw["age_ns"] / 1e9}
         return {
             "load": raw["load"],
             "wall_s": wall / 1e9,

@@ -70,3 +70,16 @@ def test_uvloop_shutdown_tasks_are_internal():
     internal = [t["coroutine"] for t in p.stats()["tasks"] if t["internal"]]
     if hasattr(uvloop, "run"):   # Cython's code objects carry the plain name
         assert any(name.endswith("shutdown_asyncgens") for name in internal), internal
+
+
+def test_loop_monitor_on_uvloop_reports_unavailable():
+    loop = uvloop.new_event_loop()
+    try:
+        with aioprof.LoopMonitor(loop) as mon:
+            loop.run_until_complete(asyncio.sleep(0.01))
+            assert mon.available is False
+            assert mon.load() is None
+            stats = mon.stats()
+            assert stats["load"] is None and stats["ticks"] is None and stats["age_s"] > 0
+    finally:
+        loop.close()
