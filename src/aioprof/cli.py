@@ -40,7 +40,7 @@ EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof c
           "See docs/cli.md.")
 # Options that take a value as the next argument: needed to find where ours end.
 _VALUE_OPTIONS = {"-o", "--output", "--format", "--sort", "--limit", "--by", "--max-tasks",
-                  "--cpu-window", "--slow-ms"}
+                  "--cpu-window", "--slow-ms", "--flame", "--interval", "--trace-buffer"}
 # Frames of these files sit between aioprof and the program: left out of tracebacks.
 _OWN_FILES = {__file__, runpy.__file__, runpy.run_module.__code__.co_filename}
 
@@ -61,6 +61,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
@@ -77,6 +84,7 @@ def _non_negative(text: str) -> float:
 
 # argparse names the expected type from the function's __name__ in its messages.
 _count.__name__ = "integer >= 0"
+_at_least_one.__name__ = "integer >= 1"
 _positive.__name__ = "number > 0"
 _non_negative.__name__ = "number >= 0"
 
@@ -90,15 +98,21 @@ def _parser() -> _Parser:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the report to FILE (UTF-8) instead of stderr")
     p.add_argument("--format", choices=report.FORMATS, default="text",
-                   help="text tables (default) or the JSON document of docs/json.md")
+                   help="text tables (default), the JSON document of docs/json.md, folded "
+                        "stacks for flame graphs (collapsed) or Chrome trace-event JSON "
+                        "for Perfetto (trace)")
+    p.add_argument("--flame", choices=report.FLAMES, default="cpu",
+                   help="with --format collapsed: sampled on-loop time (cpu, default), "
+                        "await time (idle) or both (wall), in microseconds")
     p.add_argument("--sort", choices=report.SORTS, default="busy",
                    help="sort the tables by this time (descending; max = longest step); "
                         "default busy")
     p.add_argument("--limit", type=_count, default=None, metavar="N",
-                   help=f"rows of the main table (default {report.text.DEFAULT_LIMIT}; 0 = all)")
+                   help=f"rows of the main table, or children per node of the --by stack "
+                        f"tree (default {report.text.DEFAULT_LIMIT}; 0 = all)")
     p.add_argument("--by", choices=report.VIEWS, default="coroutine",
                    help="main table: per coroutine function (default), per task, per await "
-                        "site or per callback")
+                        "site, per callback, or the sampled time as a call tree (stack)")
     p.add_argument("--show-internal", action="store_true",
                    help="include asyncio's own tasks, coroutines and callbacks")
     p.add_argument("--max-tasks", type=_count, default=10000, metavar="N",
@@ -110,6 +124,12 @@ def _parser() -> _Parser:
     p.add_argument("--slow-ms", type=_non_negative, default=100.0, metavar="MS",
                    help="record steps and callbacks of at least MS milliseconds as slow "
                         "(default 100)")
+    p.add_argument("--interval", type=_non_negative, default=1.0, metavar="MS",
+                   help="sample the running stack about every MS milliseconds (default "
+                        "1.0; 0 = no sampling)")
+    p.add_argument("--trace-buffer", type=_at_least_one, default=200000, metavar="N",
+                   help="with --format trace: keep the newest N trace events (default "
+                        "200000)")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
 
@@ -288,9 +308,7 @@ class _Session:
         self.status = 0            # exit status of the program, as far as known
         self.sigint = False        # the program ended with KeyboardInterrupt
         self.pid = os.getpid()
-        self.profiler = aioprof.Profiler(max_tasks=opts.max_tasks,
-                                         cpu_window=opts.cpu_window / 1e3,
-                                         slow_ms=opts.slow_ms)
+        self.profiler = aioprof.Profiler(**_profiler_kwargs(opts))
 
     def finish(self) -> None:
         """atexit: stop the profiler and write the report; then exit like python on SIGINT."""
@@ -322,17 +340,33 @@ class _Session:
         file = self.out if self.out is not None else _stderr()
         o = self.opts
         report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,
-                     show_internal=o.show_internal)
+                     show_internal=o.show_internal, flame=o.flame)
         if self.out is not None:
             self.out.close()
         else:
             file.flush()
 
 
+def _profiler_kwargs(opts: argparse.Namespace) -> dict:
+    """The keyword arguments of aioprof.Profiler for the options."""
+    return {"max_tasks": opts.max_tasks, "cpu_window": opts.cpu_window / 1e3,
+            "slow_ms": opts.slow_ms, "interval": opts.interval / 1e3,
+            "async_stacks": opts.format == "collapsed" or opts.by == "stack",
+            "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer}
+
+
+def _check(opts: argparse.Namespace) -> None:
+    """Option combinations that cannot give a report (raises _Error)."""
+    if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and opts.interval == 0:
+        raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
+                     f"turns sampling off")
+
+
 def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
     """Parse argv and check everything that can fail before the program starts."""
     options, kind, target, args = _split(argv)
     opts = _parser().parse_args(options)
+    _check(opts)
     if kind is None:
         raise _Error("no script or -m module given (usage: " + USAGE + ")")
     program = _Program(kind, target or "", args)

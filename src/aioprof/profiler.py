@@ -6,6 +6,7 @@ assembles the JSON document described in docs/json.md.
 """
 from __future__ import annotations
 
+import atexit
 import platform
 import sys
 import warnings
@@ -44,6 +45,12 @@ class Profiler:
             proportion to their wall time (docs/design.md).
         slow_ms: milliseconds (float >= 0); a step or callback at least this long is
             recorded as a slow step.
+        interval: seconds (float >= 0) between samples of the running frames (0: no
+            sampling). Samples cover loops in the main thread (docs/stacks.md).
+        async_stacks: charge each suspension's idle time to the task's async call stack
+            (the tasks awaiting it + its await chain), for the idle flame graph.
+        trace: record a timeline (steps, scheduled and await intervals, ticks, selects,
+            task creation) in a ring of `trace_buffer` events (int >= 1).
 
     Raises:
         ValueError: an argument is out of range.
@@ -51,13 +58,22 @@ class Profiler:
     """
 
     def __init__(self, *, max_tasks: int = 10000, cpu_window: float = 0.001,
-                 slow_ms: float = 100.0) -> None:
+                 slow_ms: float = 100.0, interval: float = 0.001, async_stacks: bool = False,
+                 trace: bool = False, trace_buffer: int = 200_000) -> None:
         if not isinstance(max_tasks, int) or max_tasks < 0:
             raise ValueError(f"max_tasks must be an int >= 0, not {max_tasks!r}")
         if not cpu_window > 0:
             raise ValueError(f"cpu_window must be > 0 seconds, not {cpu_window!r}")
         if not slow_ms >= 0:
             raise ValueError(f"slow_ms must be >= 0, not {slow_ms!r}")
+        if not interval >= 0:
+            raise ValueError(f"interval must be >= 0 seconds, not {interval!r}")
+        if not isinstance(trace_buffer, int) or not 1 <= trace_buffer <= 100_000_000:
+            raise ValueError(f"trace_buffer must be an int from 1 to 100000000, not {trace_buffer!r}")
+        self.interval = float(interval)
+        self.async_stacks = bool(async_stacks)
+        self.trace = bool(trace)
+        self.trace_buffer = trace_buffer
         self.max_tasks = max_tasks
         self.cpu_window = float(cpu_window)
         self.slow_ms = float(slow_ms)
@@ -72,15 +88,19 @@ class Profiler:
         """
         from aioprof import _core   # imported late: reports render without a built core
 
-        _core.start(self.max_tasks, int(self.cpu_window * 1e9), int(self.slow_ms * 1e6))
+        _core.start(self.max_tasks, int(self.cpu_window * 1e9), int(self.slow_ms * 1e6),
+                    int(self.interval * 1e9), self.async_stacks, self.trace_buffer if self.trace else 0)
         self._running = True
         self._final = None
+        # The sampler thread must not outlive the interpreter: stop at exit at the latest.
+        atexit.register(self.stop)
         return self
 
     def stop(self) -> "Profiler":
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
         if self._running:
             self._running = False
+            atexit.unregister(self.stop)
             from aioprof import _core
 
             self._final = self._document(_core.stop())

@@ -117,7 +117,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
         if (t) {
             if (t->state == AP_READY)
                 ready = t->t_mark;
-            ap_task_step_begin(s, th, t, now);
+            ap_task_step_begin(s, th, t, task, now);
         }
     } else {
         if (PyObject_TypeCheck(handle, (PyTypeObject *)s->timer_type)) {
@@ -142,8 +142,11 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     ap_task_t *prev_task = th->task;
     ap_ns_t prev_ready = th->cur_ready;
     th->task = t;
+    th->cb = cbi;
     th->cur_ready = wake_ready;
     th->depth++;
+    if (th->sampled)
+        ap_sampler_step(th, now);
     if (l && th->last_edge > 0 && now > th->last_edge)
         ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, now - th->last_edge}, now);
 
@@ -158,19 +161,25 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     ap_ns_t end = ap_clock_wall(), dur = end - now;
     th->depth--;
     th->task = prev_task;
+    th->cb = AP_NONE;
     th->cur_ready = prev_ready;
     th->last_edge = end;
+    if (th->sampled)
+        ap_sampler_step(th, 0);
+    if (s->trace)
+        ap_trace_add(s, AP_EV_RUN, t ? t->id : 0, ap_trace_where(s, l, th->ident), now, end, cbi);
     if (l)
         th->tick_handles++;
     if (t && t->state == AP_RUNNING) {
-        uint32_t site_start = t->last_site;
-        ap_task_step_end(s, th, t, task, end);
+        /* Read what a slow-step record needs first: a finished task's record that is
+         * not kept is freed by step_end. A dropped task is not in the report: no id. */
+        ap_slow_t rec = {.dur = dur, .task = t->kept ? t->id : 0, .coro = t->coro_idx, .cb = AP_NONE,
+                         .site_start = t->last_site, .site_end = AP_NONE, .at = now - s->t0};
+        PyObject *coro = t->coro;
+        int state = ap_task_step_end(s, th, t, task, end);
         if (dur >= s->slow_ns && l && still_live(s, gen)) {
-            uint32_t site_end = AP_NONE;
-            if (t->state == AP_SUSPENDED && t->coro)
-                site_end = ap_chain_site(s, ap_chain_of(s, t->coro));
-            ap_slow_t rec = {.dur = dur, .task = t->id, .coro = t->coro_idx, .cb = AP_NONE,
-                             .site_start = site_start, .site_end = site_end, .at = now - s->t0};
+            if (state == AP_SUSPENDED && coro)
+                rec.site_end = ap_chain_site(s, ap_chain_of(s, coro));
             ap_loop_slow(s, l, &rec);
         }
     } else if (cbi != AP_NONE) {
@@ -270,6 +279,8 @@ static PyObject *hook_run_once(PyObject *loop, PyObject *Py_UNUSED(unused))
         if (t1 > th->last_edge)
             ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, t1 - th->last_edge}, t1);
         ap_loop_tick_end(s, th, l, t0, t1);
+        if (s->trace)
+            ap_trace_add(s, AP_EV_TICK, 0, ap_trace_where(s, l, th->ident), t0, t1, th->tick_handles);
         th->loop = prev;
         th->last_edge = 0;
         if (PyErr_Occurred())
@@ -345,6 +356,9 @@ static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *
     Py_ssize_t events = r && PyList_Check(r) ? PyList_GET_SIZE(r) : -1;
     if (profile && still_live(s, gen)) {
         ap_loop_select(s, l, t0, t1, timeout_ns, events);
+        if (s->trace)
+            ap_trace_add(s, AP_EV_SELECT, 0, ap_trace_where(s, l, th->ident), t0, t1,
+                         events > 0 ? (uint32_t)events : 0);
         th->tick_select += wait;
         th->tick_capped += (timeout_ns >= 0 && wait > timeout_ns) ? timeout_ns : wait;
         th->io_end = t1;
@@ -393,13 +407,15 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
     if (t) {
         if (l && t->state == AP_READY)
             ap_loop_lag(l, now - t->t_mark, 0);
-        ap_task_step_begin(s, th, t, now);
+        ap_task_step_begin(s, th, t, task, now);
     }
     if (PyErr_Occurred())
         ap_fault(s, "starting a uvloop step");
     ap_task_t *prev = th->task;
     th->task = t;
     th->depth++;
+    if (th->sampled)
+        ap_sampler_step(th, now);
     PyObject *r = PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
     if (still_live(s, gen)) {
         ap_exc_state_t exc;
@@ -407,13 +423,19 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
         ap_ns_t end = ap_clock_wall();
         th->depth--;
         th->task = prev;
+        if (th->sampled)
+            ap_sampler_step(th, 0);
+        if (s->trace)
+            ap_trace_add(s, AP_EV_RUN, t ? t->id : 0, ap_trace_where(s, l, th->ident), now, end, AP_NONE);
         if (t && t->state == AP_RUNNING) {
-            uint32_t site_start = t->last_site;
-            ap_task_step_end(s, th, t, task, end);
+            /* As in hook_run: step_end may free the record of a finished, unkept task. */
+            ap_slow_t rec = {.dur = end - now, .task = t->kept ? t->id : 0, .coro = t->coro_idx,
+                             .cb = AP_NONE, .site_start = t->last_site, .site_end = AP_NONE, .at = now - s->t0};
+            PyObject *coro = t->coro;
+            int state = ap_task_step_end(s, th, t, task, end);
             if (end - now >= s->slow_ns && l && still_live(s, gen)) {
-                uint32_t site_end = t->state == AP_SUSPENDED && t->coro ? ap_chain_site(s, ap_chain_of(s, t->coro)) : AP_NONE;
-                ap_slow_t rec = {.dur = end - now, .task = t->id, .coro = t->coro_idx, .cb = AP_NONE,
-                                 .site_start = site_start, .site_end = site_end, .at = now - s->t0};
+                if (state == AP_SUSPENDED && coro)
+                    rec.site_end = ap_chain_site(s, ap_chain_of(s, coro));
                 ap_loop_slow(s, l, &rec);
             }
         }

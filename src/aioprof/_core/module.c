@@ -55,6 +55,9 @@ ap_thread_t *ap_thread_get(ap_session_t *s)
         return NULL;
     }
     th->ident = PyThread_get_thread_ident();
+    th->sampled = ap_sampler_on();
+    th->tstate = PyThreadState_Get();
+    th->cb = AP_NONE;
     th->cur_ready = -1;
     th->win_wall = ap_clock_wall();
     th->win_cpu = ap_clock_cpu();
@@ -107,6 +110,8 @@ static void session_free(ap_session_t *s)
     ap_table_free(&s->live);
     ap_table_free(&s->wr_tab);
     ap_table_free(&s->loop_idx);
+    ap_stacks_free(s);
+    PyMem_RawFree(s->trace);
     Py_XDECREF(s->faults);
     Py_XDECREF(s->asyncio_dir);
     Py_XDECREF(s->aioprof_dir);
@@ -165,18 +170,27 @@ static PyObject *task_types(void)
 
 static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    long long max_tasks, window, slow;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "start(max_tasks, cpu_window_ns, slow_ns) takes 3 arguments");
+    long long max_tasks, window, slow, interval = 0, trace_cap = 0;
+    int async_stacks = 0;
+    if (nargs != 3 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "start(max_tasks, cpu_window_ns, slow_ns[, interval_ns, async_stacks, trace_events])");
         return NULL;
     }
     max_tasks = PyLong_AsLongLong(args[0]);
     window = PyLong_AsLongLong(args[1]);
     slow = PyLong_AsLongLong(args[2]);
+    if (nargs == 6) {
+        interval = PyLong_AsLongLong(args[3]);
+        async_stacks = PyObject_IsTrue(args[4]);
+        trace_cap = PyLong_AsLongLong(args[5]);
+    }
     if (PyErr_Occurred())
         return NULL;
-    if (max_tasks < 0 || window <= 0 || slow < 0) {
-        PyErr_SetString(PyExc_ValueError, "start(): max_tasks >= 0, cpu_window_ns > 0 and slow_ns >= 0 required");
+    if (max_tasks < 0 || window <= 0 || slow < 0 || interval < 0 || async_stacks < 0 || trace_cap < 0 ||
+        trace_cap > 100000000) {
+        PyErr_SetString(PyExc_ValueError, "start(): max_tasks >= 0, cpu_window_ns > 0, slow_ns >= 0, "
+                                          "interval_ns >= 0 and 0 <= trace_events <= 1e8 required");
         return NULL;
     }
     if (ap_session) {
@@ -190,6 +204,8 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     s->max_tasks = (uint64_t)max_tasks;
     s->cpu_window = window;
     s->slow_ns = slow;
+    s->sample_interval = interval;
+    s->async_stacks = async_stacks;
     s->faults = PyList_New(0);
     s->asyncio_dir = package_dir("asyncio");
     s->aioprof_dir = s->asyncio_dir ? package_dir("aioprof") : NULL;
@@ -202,13 +218,19 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_XDECREF(events);
     s->wr_task_cb = s->timer_type ? PyObject_GetAttrString(module, "_task_died") : NULL;
     s->wr_loop_cb = s->wr_task_cb ? PyObject_GetAttrString(module, "_loop_died") : NULL;
-    if (!s->faults || !s->wr_loop_cb) {
+    if (!s->faults || !s->wr_loop_cb || ap_trace_init(s, (uint32_t)trace_cap) < 0) {
         session_free(s);
         return NULL;
     }
     s->t0 = ap_clock_wall();
     ap_session = s;
     if (ap_hooks_acquire() < 0) {
+        ap_session = NULL;
+        session_free(s);
+        return NULL;
+    }
+    if (ap_sampler_start(s) < 0) {
+        ap_hooks_release();
         ap_session = NULL;
         session_free(s);
         return NULL;
@@ -236,6 +258,7 @@ static PyObject *mod_stop(PyObject *module, PyObject *Py_UNUSED(unused))
         PyErr_SetString(PyExc_RuntimeError, "no aioprof profiler is running");
         return NULL;
     }
+    ap_sampler_stop();
     ap_hooks_release();
     PyObject *snap = mod_snapshot(module, NULL);
     s->t_stop = ap_clock_wall();

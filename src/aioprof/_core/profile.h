@@ -20,6 +20,7 @@
 #define AP_CPU_PENDING 256   /* handles per CPU window before a forced read */
 #define AP_SLOW_KEEP 200     /* slow steps kept per loop (the longest) */
 #define AP_RING 4096         /* call_soon ready times remembered per loop */
+#define AP_TRACE_THREADS 64  /* threads told apart in the trace */
 
 /* Per code object: names and where it lives. Index into s->codes. */
 typedef struct {
@@ -90,6 +91,7 @@ typedef struct ap_task {
     ap_ns_t busy, cpu, scheduled, idle, max_step;
     ap_ns_t t_created, t_first, t_end, t_mark, t_step;
     ap_ns_t susp_idle;    /* idle of the last suspension, charged at the next walk */
+    ap_ns_t t_susp;       /* when the last suspension began (for the trace) */
     uint32_t last_site;   /* await site it last resumed from (AP_NONE if unknown) */
     ap_await_t *awaits;
     uint32_t n_awaits, cap_awaits;
@@ -110,6 +112,30 @@ typedef struct {
     uintptr_t handle;
     ap_ns_t ready;
 } ap_ready_t;
+
+/* A frame of an async call stack: a code line (ref = site), a task marker (ref = code
+ * of its coroutine), a callback marker (ref = callback) or the [asyncio] marker. */
+typedef struct {
+    uint8_t kind;
+    uint32_t ref;
+} ap_frame_t;
+
+/* An interned async call stack (frame indices, root first) and what was charged to it. */
+typedef struct {
+    uint32_t n;
+    uint32_t *frames;
+    uint64_t samples, idle_count, blocking;
+    ap_ns_t sample_ns, idle_ns;
+} ap_stack_t;
+
+enum { AP_EV_RUN, AP_EV_SCHEDULED, AP_EV_AWAIT, AP_EV_TICK, AP_EV_SELECT, AP_EV_CREATE };
+
+typedef struct {
+    uint8_t kind;
+    uint32_t n;           /* site, callback, handles or events, by kind */
+    uint64_t a, b;        /* task id / loop+thread / parent, by kind */
+    ap_ns_t t0, t1;
+} ap_trace_ev_t;
 
 /* Per event loop. */
 typedef struct ap_loop {
@@ -148,6 +174,11 @@ typedef struct ap_thread {
     ap_loop_t *loop;      /* loop whose tick is running in this thread, or NULL */
     int depth;            /* nesting of handle runs (eager steps, manual _run) */
     ap_task_t *task;      /* task whose step runs now, or NULL */
+    uint32_t cb;          /* callback running now (AP_NONE if none or a task step) */
+    int sampled;          /* the sampler runs: publish handle starts and ends */
+    PyThreadState *tstate;   /* this thread's, for the sampler (valid while inside a handle) */
+    ap_ns_t step_start, last_sample;
+    uint64_t step_serial, blocked_step;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
     ap_ns_t io_end;       /* when select last returned in this thread */
     ap_ns_t tick_select;  /* select wait inside the current tick */
@@ -180,6 +211,16 @@ typedef struct {
     ap_task_t **tasks; uint32_t n_tasks, cap_tasks;   /* kept records, in first-seen order */
     ap_loop_t **loops; uint32_t n_loops, cap_loops;
     ap_thread_t *threads;
+    /* stacks, samples (stacks.c) */
+    ap_ns_t sample_interval;          /* 0: no sampling */
+    int async_stacks;                 /* charge idle time to async call stacks */
+    uint64_t n_samples;
+    ap_table_t frame_idx, stack_idx;
+    ap_frame_t *frames; uint32_t n_frames, cap_frames;
+    ap_stack_t *stacks; uint32_t n_stacks, cap_stacks;
+    /* trace (trace.c) */
+    ap_trace_ev_t *trace; uint32_t trace_cap; uint64_t trace_next;
+    unsigned long trace_threads[AP_TRACE_THREADS]; uint32_t n_trace_threads;
 } ap_session_t;
 
 extern ap_session_t *ap_session;
@@ -204,9 +245,10 @@ ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
 ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now);
 /* The task was made ready at `ready` (clamped into [t_mark, now]). */
 void ap_task_wake(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t ready, ap_ns_t now);
-/* A step of the task begins/ends at `now`. end: `task` is the live task object. */
-void ap_task_step_begin(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t now);
-void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now);
+/* A step of the task begins/ends at `now`; `task` is the live task object. */
+void ap_task_step_begin(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now);
+/* step_end returns the task's new state; after AP_DONE the record may be freed. */
+int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now);
 /* The interned await chain `coro` is suspended in now (walked from the outermost
  * coroutine down cr_await / gi_yieldfrom); AP_NONE if none or on error. */
 uint32_t ap_chain_of(ap_session_t *s, PyObject *coro);
@@ -244,6 +286,25 @@ void ap_loop_ring_push(ap_loop_t *l, uintptr_t handle, ap_ns_t ready);
 ap_ns_t ap_loop_ring_pop(ap_loop_t *l, uintptr_t handle);
 void ap_loop_free(ap_loop_t *l);
 PyObject *ap_loop_died(PyObject *module, PyObject *wr);
+
+/* --- stacks.c --- */
+/* Charge a suspension's idle time to the task's async call stack (awaiters + chain). */
+void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_t chain, ap_ns_t idle);
+/* Start/stop the sampler thread (no-op when sampling is off). start: 0 or -1 with error. */
+int ap_sampler_start(ap_session_t *s);
+void ap_sampler_stop(void);
+int ap_sampler_on(void);
+/* This thread starts (start > 0) or ends (0) a handle: published to the sampler. */
+void ap_sampler_step(ap_thread_t *th, ap_ns_t start);
+/* Add frames/samples/idle_stacks/blocking to a snapshot dict; 0 or -1 with error. */
+int ap_stacks_snapshot(ap_session_t *s, PyObject *doc);
+void ap_stacks_free(ap_session_t *s);
+
+/* --- trace.c --- */
+int ap_trace_init(ap_session_t *s, uint32_t capacity);
+void ap_trace_add(ap_session_t *s, int kind, uint64_t a, uint64_t b, ap_ns_t t0, ap_ns_t t1, uint32_t n);
+uint64_t ap_trace_where(ap_session_t *s, ap_loop_t *l, unsigned long thread);
+int ap_trace_snapshot(ap_session_t *s, PyObject *doc);
 
 /* --- hooks.c --- */
 /* Take a reference on the hooks, installing them on the standard-library classes

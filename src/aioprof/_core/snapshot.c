@@ -195,7 +195,7 @@ static PyObject *slow_obj(ap_session_t *s, const ap_slow_t *r)
     }
     if (r->cb != AP_NONE)
         Py_SETREF(cb, Py_NewRef(s->cbs[r->cb].name));
-    const char *kind = r->is_tick ? "tick" : r->task ? "step" : "callback";
+    const char *kind = r->is_tick ? "tick" : r->cb != AP_NONE ? "callback" : "step";
     return dict_of(9, "kind", PyUnicode_FromString(kind), "duration_ns", ns(r->dur),
                    "at_ns", ns(r->at), "task", r->task ? u64(r->task) : Py_NewRef(Py_None),
                    "coroutine", coro, "callback", cb, "step_start", site_obj(s, r->site_start),
@@ -380,7 +380,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
                   "warnings", PySequence_List(s->faults), "tasks", Py_NewRef(tasks),
                   "coroutines", Py_NewRef(coros), "callbacks", Py_NewRef(cbs),
                   "sites", Py_NewRef(sites));
-    if (res && PyDict_SetItemString(res, "loops", loops) < 0)
+    if (res && (PyDict_SetItemString(res, "loops", loops) < 0 || ap_stacks_snapshot(s, res) < 0 ||
+                ap_trace_snapshot(s, res) < 0))
         Py_CLEAR(res);
 done:
     Py_XDECREF(tasks);

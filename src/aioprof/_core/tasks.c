@@ -353,6 +353,8 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
         PyErr_NoMemory();
         goto error;
     }
+    if (s->trace)
+        ap_trace_add(s, AP_EV_CREATE, t->id, t->parent, now, now, 0);
     if (s->n_kept < s->max_tasks) {
         if (ensure((void **)&s->tasks, &s->cap_tasks, sizeof(ap_task_t *), s->n_tasks) < 0) {
             ap_table_del(&s->live, t->addr);
@@ -548,6 +550,7 @@ void ap_task_wake(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *t, ap_
     ap_ns_t idle = ready - t->t_mark;
     t->idle += idle;
     t->susp_idle = idle;
+    t->t_susp = t->t_mark;
     t->need_walk = 1;
     if (t->coro_idx != AP_NONE)
         s->coros[t->coro_idx].idle += idle;
@@ -555,14 +558,16 @@ void ap_task_wake(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *t, ap_
     t->t_mark = ready;
 }
 
-void ap_task_step_begin(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *t, ap_ns_t now)
+void ap_task_step_begin(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *t, PyObject *task, ap_ns_t now)
 {
     ap_coro_t *c = t->coro_idx != AP_NONE ? &s->coros[t->coro_idx] : NULL;
+    ap_ns_t ready = now;
     if (t->state == AP_SUSPENDED) {
         /* woken by a path aioprof did not see (e.g. an eager start): all idle */
         ap_ns_t idle = now - t->t_mark;
         t->idle += idle;
         t->susp_idle = idle;
+        t->t_susp = t->t_mark;
         t->need_walk = 1;
         if (c)
             c->idle += idle;
@@ -570,6 +575,9 @@ void ap_task_step_begin(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *
         t->scheduled += now - t->t_mark;
         if (c)
             c->scheduled += now - t->t_mark;
+        ready = t->t_mark;
+        if (s->trace)
+            ap_trace_add(s, AP_EV_SCHEDULED, t->id, 0, t->t_mark, now, 0);
     }
     if (t->need_walk) {
         /* The coroutine has not resumed yet: its await chain is still where it was
@@ -579,6 +587,10 @@ void ap_task_step_begin(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *
         uint32_t chain = t->coro ? ap_chain_of(s, t->coro) : AP_NONE;
         if (chain != AP_NONE && ap_chain_charge(s, t, chain, t->susp_idle) == 0)
             t->last_site = ap_chain_site(s, chain);
+        if (chain != AP_NONE && s->async_stacks && task)
+            ap_stack_charge_idle(s, task, t, chain, t->susp_idle);
+        if (s->trace)
+            ap_trace_add(s, AP_EV_AWAIT, t->id, 0, t->t_susp, ready, t->last_site);
         if (PyErr_Occurred())
             ap_fault(s, "walking an await chain");
     }
@@ -589,7 +601,7 @@ void ap_task_step_begin(ap_session_t *s, ap_thread_t *Py_UNUSED(th), ap_task_t *
     t->woke_in_step = 0;
 }
 
-void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now)
+int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now)
 {
     ap_ns_t dur = now - t->t_step;
     t->busy += dur;
@@ -610,19 +622,19 @@ void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *
     if (t->woke_in_step) {
         t->state = AP_READY;
         t->yields++;
-        return;
+        return AP_READY;
     }
     /* Not rescheduled by its own step: suspended on something, or finished. */
     PyObject *r = PyObject_CallMethod(task, "done", NULL);
     if (!r) {
         ap_fault(s, "calling Task.done()");
-        return;
+        return t->state;
     }
     int done = PyObject_IsTrue(r);
     Py_DECREF(r);
     if (!done) {
         t->state = AP_SUSPENDED;
-        return;
+        return AP_SUSPENDED;
     }
     t->state = AP_DONE;
     t->t_end = now;
@@ -648,7 +660,8 @@ void ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *
     Py_XDECREF(r);
     if (PyErr_Occurred())
         ap_fault(s, "reading a finished task's result");
-    task_retire(s, t);
+    task_retire(s, t);   /* frees t unless kept: the caller must not touch it */
+    return AP_DONE;
 }
 
 /* ------------------------------------------------------------------ callbacks */

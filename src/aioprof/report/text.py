@@ -6,9 +6,11 @@
    then one line per warning of the document;
 2. the table of the chosen view (``by``): ``coroutine`` (default), ``task``, ``site`` or
    ``callback``, sorted descending by ``sort`` and cut to ``limit`` rows; under the
-   coroutine table, where the top coroutines wait (their top await sites);
+   coroutine table, where the top coroutines wait (their top await sites); or, for
+   ``stack``, the sampled on-loop time as a call tree (``limit`` children per node);
 3. a short callbacks table (unless the view is ``callback``);
-4. the event loops, if the document has any.
+4. the event loops, if the document has any, and the blocking stacks captured during
+   slow steps, if it has them (docs/stacks.md).
 
 Times in tables are milliseconds with one decimal; every time column says ``ms`` in its
 header. No line is longer than ``width``: the name and location columns are shortened
@@ -25,16 +27,21 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from aioprof.report import collapsed
+
 __all__ = ["DEFAULT_LIMIT", "MIN_WIDTH", "SORTS", "VIEWS", "check_options", "render"]
 
 SORTS = ("busy", "cpu", "scheduled", "idle", "steps", "max")
-VIEWS = ("coroutine", "task", "site", "callback")
+VIEWS = ("coroutine", "task", "site", "callback", "stack")
 DEFAULT_LIMIT = 20      # rows of the main table when limit is None; limit=0 shows all
 MIN_WIDTH = 80          # the report is never laid out narrower than this
 SHORT_CALLBACKS = 5     # rows of the callbacks table under the other views
 AWAIT_COROUTINES = 3    # coroutines whose await sites are listed under the coroutine table
 AWAIT_SITES = 3         # await sites listed per coroutine
 SEP = "  "              # between columns
+TREE_MIN_FRACTION = 0.01  # call tree nodes below this share of the sampled time are left out
+TREE_INDENT = 2         # characters of indentation per call tree level
+BLOCKING_STACKS = 5     # blocking stacks (by innermost line) listed in the loops section
 
 # Sort key -> (field of tasks and coroutines, column header it sorts).
 _SORT_FIELD = {"busy": "busy_s", "cpu": "cpu_s", "scheduled": "scheduled_s",
@@ -69,7 +76,9 @@ def render(doc: Dict[str, Any], *, sort: str = "busy", limit: Optional[int] = No
         descending by it (callbacks: by busy for scheduled/idle, by count for steps;
         await sites: by count for steps, else by idle time).
     limit: rows of the main table; None means DEFAULT_LIMIT, 0 means all.
-    by: the main table: coroutine, task, site or callback.
+    by: the main table: coroutine, task, site or callback; or stack: the sampled time
+        (doc["samples"]) as a call tree, nodes below 1% of it left out, at most `limit`
+        children per node.
     show_internal: include asyncio's own tasks, coroutines and callbacks.
     width: the line length to fit (at least MIN_WIDTH); default the terminal's width.
     ellipsis: marks shortened cells ("..." for streams that cannot encode U+2026).
@@ -89,6 +98,8 @@ def render(doc: Dict[str, Any], *, sort: str = "busy", limit: Optional[int] = No
         sections.append(r.tasks())
     elif by == "site":
         sections.append(r.sites())
+    elif by == "stack":
+        sections.append(r.call_tree())
     if by == "callback":
         sections.append(r.callbacks(r.limit))
     else:
@@ -175,6 +186,28 @@ def _sorted(rows: Iterable[dict], field: str) -> List[dict]:
 def _list(doc: Dict[str, Any], key: str) -> List[dict]:
     value = doc.get(key)
     return [row for row in value if isinstance(row, dict)] if isinstance(value, list) else []
+
+
+class _Node:
+    """A call tree node: a frame, the time of the stacks through it and its children."""
+    __slots__ = ("text", "total", "self_time", "children")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.total = 0.0
+        self.self_time = 0.0
+        self.children: Dict[str, "_Node"] = {}
+
+    def add(self, stack: Sequence[str], seconds: float) -> None:
+        node = self
+        node.total += seconds
+        for text in stack:
+            child = node.children.get(text)
+            if child is None:
+                child = node.children[text] = _Node(text)
+            child.total += seconds
+            node = child
+        node.self_time += seconds
 
 
 @dataclass
@@ -436,13 +469,114 @@ class _Renderer:
         hint = "--by callback" if short else "--limit"
         return self._title(title, total, len(rows), hidden, hint) + self._table(cols, rows)
 
+    def call_tree(self) -> List[str]:
+        """The sampled on-loop time (doc["samples"]) as a call tree of async call stacks."""
+        title = "Sampled on-loop time by call stack"
+        samples = self.doc.get("samples")
+        if not isinstance(samples, dict) or not isinstance(samples.get("stacks"), list):
+            return [f"{title}: no samples (sampling was off: --interval 0)"]
+        texts = collapsed.frame_texts(self.doc)
+        root = _Node("")
+        for entry in samples["stacks"]:
+            if not isinstance(entry, dict):
+                continue
+            seconds = _num(entry.get("time_s"))
+            stack = collapsed.stack_texts(entry.get("stack"), texts)
+            if seconds is None or seconds < 0 or stack is None:
+                continue
+            root.add(stack, seconds)
+        total = root.total
+        count, interval = _num(samples.get("count")), _num(samples.get("interval_s"))
+        about = [f"{int(count)} samples" if count is not None else None,
+                 f"every {_ms(interval)} ms" if interval else None,
+                 f"{_ms(total)} ms"]
+        out = [f"{title}: " + ", ".join(a for a in about if a)]
+        if not total > 0:
+            out.append("  (no samples)")
+            return out
+        header = f"{'total ms':>9}{SEP}{'%':>6}{SEP}{'self ms':>9}{SEP}"
+        out.append(header + "call stack")
+        avail = self.width - len(header)
+        pruned = [0, 0]    # nodes below the threshold, nodes past the limit
+        threshold = total * TREE_MIN_FRACTION
+
+        def walk(node: "_Node", depth: int) -> None:
+            children = sorted(node.children.values(), key=lambda n: (-n.total, n.text))
+            kept = [c for c in children if c.total >= threshold]
+            pruned[0] += len(children) - len(kept)
+            if self.limit and len(kept) > self.limit:
+                pruned[1] += len(kept) - self.limit
+                kept = kept[: self.limit]
+            for child in kept:
+                indent = min(depth * TREE_INDENT, max(0, avail - 24))
+                label = _cut_left(child.text, max(1, avail - indent), self.ellipsis)
+                out.append(f"{_ms(child.total):>9}{SEP}{_pct(child.total / total):>6}{SEP}"
+                           f"{_ms(child.self_time):>9}{SEP}{' ' * indent}{label}")
+                walk(child, depth + 1)
+
+        walk(root, 0)
+        notes = []
+        if pruned[0]:
+            notes.append(f"{pruned[0]} node{'s' if pruned[0] != 1 else ''} below "
+                         f"{TREE_MIN_FRACTION:.0%} of the sampled time left out")
+        if pruned[1]:
+            notes.append(f"{pruned[1]} more past {self.limit} children per node, --limit")
+        if notes:
+            out.append("(" + "; ".join(notes) + ")")
+        return out
+
     def loops(self) -> List[str]:
         loops = _list(self.doc, "loops")
-        if not loops:
-            return []
-        out = ["Event loops"]
+        out = ["Event loops"] if loops else []
         for i, loop in enumerate(loops, 1):
             out.extend(self._loop(loop, i))
+        out.extend(self.blocking(loops))
+        return out
+
+    def blocking(self, loops: List[dict]) -> List[str]:
+        """The blocking stacks (doc["blocking"]) folded by their innermost code line."""
+        entries = self.doc.get("blocking")
+        if not isinstance(entries, list):
+            return []
+        frames = self.doc.get("frames")
+        frames = frames if isinstance(frames, list) else []
+        texts = collapsed.frame_texts(self.doc)
+        agg: Dict[Tuple[str, str], List[Any]] = {}    # (where, task) -> [count, order]
+        for entry in entries:
+            if not isinstance(entry, dict):
+                continue
+            count = _num(entry.get("count"))
+            stack = entry.get("stack")
+            if count is None or not isinstance(stack, list):
+                continue
+            where, task = "", ""
+            for index in reversed(stack):
+                if not (isinstance(index, int) and 0 <= index < len(frames)):
+                    continue
+                frame = frames[index]
+                if not isinstance(frame, dict):
+                    continue
+                if not where and frame.get("kind") == "code":
+                    where = _loc(frame.get("file"), frame.get("line"))
+                    if frame.get("function"):
+                        where += f" {frame['function']}"
+                if not task and frame.get("kind") in ("task", "callback"):
+                    task = texts[index]
+            if not where:   # no code frame: the innermost frame, whatever it is
+                where = collapsed.stack_texts(stack, texts)[-1] if stack else "[no frames]"
+            acc = agg.setdefault((where, task), [0.0, len(agg)])
+            acc[0] += count
+        threshold = _num(self.doc.get("slow_s"))
+        when = f" (>= {_ms(threshold)} ms)" if threshold is not None else ""
+        title = f"  blocking stacks captured during slow steps{when}, by innermost line"
+        if not agg:
+            slow = sum(_num(loop.get("slow_total")) or 0 for loop in loops)
+            return [title + ": none captured"] if slow else []
+        rows = sorted(agg.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
+        shown = rows[:BLOCKING_STACKS]
+        out = [title + (f"  (top {len(shown)} of {len(rows)})" if len(shown) < len(rows) else "")]
+        for (where, task), (count, _) in shown:
+            out.append(f"        {int(count):>7}x  {where}" + (f"  in {task}" if task else ""))
         return out
 
     def _loop(self, loop: dict, index: int) -> List[str]:

@@ -1,0 +1,498 @@
+/* stacks.c - async call stacks, the sampler, the await flame and blocking stacks.
+ *
+ * A stack is an interned sequence of frame indices, root first; a frame is a code
+ * line, a task marker, a callback marker or the [asyncio] marker (docs/stacks.md).
+ *
+ * The sampler (below) is a C thread that touches Python only while holding the GIL,
+ * to read the frames of the threads that are inside a handle. */
+#define _POSIX_C_SOURCE 200809L
+#include "profile.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_STACK 128
+#define MAX_AWAITERS 8
+
+enum { FR_CODE, FR_TASK, FR_CALLBACK, FR_ASYNCIO };
+
+/* ------------------------------------------------------------------ interning */
+
+static int grow(void **arr, uint32_t *cap, size_t elem, uint32_t n)
+{
+    if (n < *cap)
+        return 0;
+    uint32_t ncap = *cap ? *cap * 2 : 64;
+    void *p = PyMem_RawRealloc(*arr, (size_t)ncap * elem);
+    if (!p)
+        return -1;
+    memset((char *)p + (size_t)*cap * elem, 0, (size_t)(ncap - *cap) * elem);
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+static uint32_t frame_get(ap_session_t *s, int kind, uint32_t ref)
+{
+    uintptr_t key = ap_mix2((uintptr_t)kind + 0x51, ref);
+    uintptr_t v = ap_table_get(&s->frame_idx, key);
+    if (v && s->frames[v - 1].kind == kind && s->frames[v - 1].ref == ref)
+        return (uint32_t)(v - 1);
+    if (grow((void **)&s->frames, &s->cap_frames, sizeof(ap_frame_t), s->n_frames) < 0 ||
+        ap_table_put(&s->frame_idx, key, s->n_frames + 1) < 0) {
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    s->frames[s->n_frames] = (ap_frame_t){(uint8_t)kind, ref};
+    return s->n_frames++;
+}
+
+static uint32_t stack_get(ap_session_t *s, const uint32_t *fr, uint32_t n)
+{
+    uintptr_t key = ap_mix2(n, 0x57ac);
+    for (uint32_t i = 0; i < n; i++)
+        key = ap_mix2(key, fr[i]);
+    uintptr_t v = ap_table_get(&s->stack_idx, key);
+    if (v) {
+        ap_stack_t *st = &s->stacks[v - 1];
+        return (st->n == n && memcmp(st->frames, fr, n * sizeof *fr) == 0) ? (uint32_t)(v - 1) : AP_NONE;
+    }
+    uint32_t *copy = PyMem_RawMalloc(n * sizeof *fr + 1);
+    if (!copy || grow((void **)&s->stacks, &s->cap_stacks, sizeof(ap_stack_t), s->n_stacks) < 0 ||
+        ap_table_put(&s->stack_idx, key, s->n_stacks + 1) < 0) {
+        PyMem_RawFree(copy);
+        PyErr_NoMemory();
+        return AP_NONE;
+    }
+    memcpy(copy, fr, n * sizeof *fr);
+    memset(&s->stacks[s->n_stacks], 0, sizeof(ap_stack_t));
+    s->stacks[s->n_stacks].n = n;
+    s->stacks[s->n_stacks].frames = copy;
+    return s->n_stacks++;
+}
+
+/* ------------------------------------------------------------------ awaiting tasks */
+
+static int is_future(PyObject *obj)
+{
+    /* asyncio futures (C or Python) all have _callbacks; that is what we read. */
+    return obj && !PyType_Check(obj) && PyObject_HasAttrString(obj, "_asyncio_future_blocking");
+}
+
+/* The task that awaits `fut` (new reference), directly or through gather, shield,
+ * wait_for or a TaskGroup, found through fut's done callbacks; NULL if none. */
+static PyObject *awaiter_of(ap_session_t *s, PyObject *fut, int depth)
+{
+    if (depth > 4)
+        return NULL;
+    PyObject *cbs = PyObject_GetAttrString(fut, "_callbacks");
+    if (!cbs || !PyList_Check(cbs)) {
+        Py_XDECREF(cbs);
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = NULL;
+    for (Py_ssize_t i = 0; !found && i < PyList_GET_SIZE(cbs); i++) {
+        PyObject *cb = PyList_GET_ITEM(cbs, i);
+        if (PyTuple_Check(cb) && PyTuple_GET_SIZE(cb) > 0)
+            cb = PyTuple_GET_ITEM(cb, 0);
+        PyObject *task = ap_task_of_callback(s, cb);
+        if (task) {
+            found = Py_NewRef(task);   /* a task awaiting fut itself */
+            break;
+        }
+        if (PyMethod_Check(cb)) {
+            /* TaskGroup._on_task_done: the group's parent task waits for its children. */
+            PyObject *parent = PyObject_GetAttrString(PyMethod_GET_SELF(cb), "_parent_task");
+            if (parent && parent != Py_None)
+                found = parent;
+            else
+                Py_XDECREF(parent);
+            PyErr_Clear();
+        } else if (PyFunction_Check(cb)) {
+            /* gather's and shield's callbacks close over the outer future. */
+            PyObject *closure = PyFunction_GetClosure(cb);
+            for (Py_ssize_t j = 0; closure && !found && j < PyTuple_GET_SIZE(closure); j++) {
+                PyObject *v = PyCell_GET(PyTuple_GET_ITEM(closure, j));
+                if (v && v != fut && is_future(v))
+                    found = awaiter_of(s, v, depth + 1);
+            }
+        }
+    }
+    Py_DECREF(cbs);
+    PyErr_Clear();
+    return found;
+}
+
+/* Append a task's marker and its await chain (as code frames) to out. */
+static int push_task(ap_session_t *s, PyObject *task, uint32_t *out, int n)
+{
+    PyObject *coro = PyObject_CallMethod(task, "get_coro", NULL);
+    if (!coro) {
+        PyErr_Clear();
+        return n;
+    }
+    uint32_t ref = AP_NONE;
+    if (coro != Py_None) {
+        PyObject *code = PyObject_GetAttrString(coro, PyGen_Check(coro) ? "gi_code" : "cr_code");
+        if (code && PyCode_Check(code))
+            ref = ap_code_get(s, code);
+        Py_XDECREF(code);
+        PyErr_Clear();
+    }
+    uint32_t marker = frame_get(s, FR_TASK, ref);
+    if (marker != AP_NONE && n < MAX_STACK)
+        out[n++] = marker;
+    uint32_t chain = coro != Py_None ? ap_chain_of(s, coro) : AP_NONE;
+    PyErr_Clear();
+    if (chain != AP_NONE) {
+        ap_chain_t *c = &s->chains[chain];
+        for (uint32_t i = 0; i < c->n && n < MAX_STACK; i++) {
+            uint32_t f = frame_get(s, FR_CODE, c->sites[i]);
+            if (f != AP_NONE)
+                out[n++] = f;
+        }
+    }
+    Py_DECREF(coro);
+    return n;
+}
+
+/* The prefix of tasks awaiting `task`, outermost first. */
+static int push_awaiters(ap_session_t *s, PyObject *task, uint32_t *out, int n)
+{
+    PyObject *chain[MAX_AWAITERS];
+    int k = 0;
+    PyObject *cur = awaiter_of(s, task, 0);
+    while (cur && k < MAX_AWAITERS) {
+        int seen = cur == task;
+        for (int i = 0; i < k && !seen; i++)
+            seen = chain[i] == cur;
+        if (seen) {   /* a cycle cannot happen in a running program, but never loop */
+            Py_DECREF(cur);
+            break;
+        }
+        chain[k++] = cur;
+        cur = awaiter_of(s, cur, 0);
+    }
+    if (k == MAX_AWAITERS)
+        Py_XDECREF(cur);
+    for (int i = k - 1; i >= 0; i--) {
+        n = push_task(s, chain[i], out, n);
+        Py_DECREF(chain[i]);
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------ await flame */
+
+void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_t chain, ap_ns_t idle)
+{
+    uint32_t fr[MAX_STACK];
+    int n = push_awaiters(s, task, fr, 0);
+    uint32_t ref = t->coro_idx != AP_NONE ? s->coros[t->coro_idx].code : AP_NONE;
+    uint32_t marker = frame_get(s, FR_TASK, ref);
+    if (marker != AP_NONE && n < MAX_STACK)
+        fr[n++] = marker;
+    ap_chain_t *c = &s->chains[chain];
+    for (uint32_t i = 0; i < c->n && n < MAX_STACK; i++) {
+        uint32_t f = frame_get(s, FR_CODE, c->sites[i]);
+        if (f != AP_NONE)
+            fr[n++] = f;
+    }
+    uint32_t st = stack_get(s, fr, (uint32_t)n);
+    if (st != AP_NONE) {
+        s->stacks[st].idle_count++;
+        s->stacks[st].idle_ns += idle;
+    }
+    PyErr_Clear();
+}
+
+/* ------------------------------------------------------------------ running stacks */
+
+/* Is this frame where the loop calls into a handle (so the walk stops)? */
+static int is_loop_frame(ap_session_t *s, uint32_t code)
+{
+    if (!s->codes[code].is_asyncio)
+        return 0;
+    PyObject *name = PyObject_GetAttrString(s->codes[code].code, "co_name");
+    int stop = 0;
+    if (name) {
+        stop = PyUnicode_CompareWithASCIIString(name, "_run") == 0 ||
+               PyUnicode_CompareWithASCIIString(name, "_run_once") == 0 ||
+               PyUnicode_CompareWithASCIIString(name, "run_forever") == 0 ||
+               PyUnicode_CompareWithASCIIString(name, "run_until_complete") == 0 ||
+               PyUnicode_CompareWithASCIIString(name, "run") == 0;
+        Py_DECREF(name);
+    }
+    PyErr_Clear();
+    return stop;
+}
+
+/* The async call stack of the handle thread `th` runs now, from its innermost frame
+ * `f` (a new reference, consumed). AP_NONE if nothing to charge. */
+static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f)
+{
+    uint32_t leaf[MAX_STACK];
+    int nleaf = 0;
+    while (f && nleaf < MAX_STACK) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        uint32_t c = ap_code_get(s, (PyObject *)code);
+        if (c == AP_NONE || is_loop_frame(s, c)) {
+            Py_DECREF(code);
+            break;
+        }
+        uint32_t fr;
+        if (s->codes[c].is_asyncio || s->codes[c].is_aioprof)
+            fr = frame_get(s, FR_ASYNCIO, 0);
+        else
+            fr = frame_get(s, FR_CODE, ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f)));
+        Py_DECREF(code);
+        /* one [asyncio] marker per run of asyncio frames */
+        if (fr != AP_NONE && !(nleaf && leaf[nleaf - 1] == fr && s->frames[fr].kind == FR_ASYNCIO))
+            leaf[nleaf++] = fr;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    uint32_t out[MAX_STACK];
+    int n = 0;
+    if (th->task) {
+        PyObject *task = th->task->wr ? ap_weakref_get(th->task->wr) : NULL;
+        if (task) {
+            n = push_awaiters(s, task, out, 0);
+            Py_DECREF(task);
+        }
+        uint32_t ref = th->task->coro_idx != AP_NONE ? s->coros[th->task->coro_idx].code : AP_NONE;
+        uint32_t m = frame_get(s, FR_TASK, ref);
+        if (m != AP_NONE && n < MAX_STACK)
+            out[n++] = m;
+    } else if (th->cb != AP_NONE) {
+        uint32_t m = frame_get(s, FR_CALLBACK, th->cb);
+        if (m != AP_NONE && n < MAX_STACK)
+            out[n++] = m;
+    }
+    for (int i = nleaf - 1; i >= 0 && n < MAX_STACK; i--)
+        out[n++] = leaf[i];
+    PyErr_Clear();
+    return n ? stack_get(s, out, (uint32_t)n) : AP_NONE;
+}
+
+/* ------------------------------------------------------------------ the sampler */
+
+/* The sampler is a C thread. It sleeps one interval at a time without the GIL; when some
+ * loop thread is inside a handle (S.busy > 0) it takes the GIL, which the running
+ * thread hands over at its next switch point (at most sys.getswitchinterval() later,
+ * sooner when it blocks in C), and reads that thread's frames with the public API.
+ * A sample is weighted by the wall time since the thread's previous sample or the start
+ * of its handle, whichever is later, so coarse or late samples still sum to the time
+ * spent; a thread in select is never inside a handle, so select is never charged. */
+static struct {
+    pthread_t thread;
+    int started;
+    atomic_int run, busy;
+    struct timespec interval;
+} S;
+
+static void sample_threads(ap_session_t *s)
+{
+    ap_ns_t now = ap_clock_wall();
+    for (ap_thread_t *th = s->threads; th; th = th->next) {
+        /* Read with the GIL held: a thread inside a handle is alive, its tstate valid. */
+        if (th->depth == 0 || !th->tstate || th->step_start == 0)
+            continue;
+        ap_ns_t from = th->last_sample > th->step_start ? th->last_sample : th->step_start;
+        th->last_sample = now;
+        uint32_t st = running_stack(s, th, PyThreadState_GetFrame(th->tstate));
+        if (st == AP_NONE)
+            continue;
+        s->stacks[st].samples++;
+        s->stacks[st].sample_ns += now - from;
+        s->n_samples++;
+        if (s->slow_ns > 0 && now - th->step_start >= s->slow_ns && th->blocked_step != th->step_serial) {
+            th->blocked_step = th->step_serial;   /* one capture per slow step, while it runs */
+            s->stacks[st].blocking++;
+        }
+    }
+}
+
+static void *sampler_main(void *Py_UNUSED(arg))
+{
+    while (atomic_load(&S.run)) {
+        nanosleep(&S.interval, NULL);
+        if (!atomic_load(&S.run))
+            break;
+        if (atomic_load_explicit(&S.busy, memory_order_relaxed) == 0)
+            continue;   /* every loop is between handles or in select: nothing to sample */
+        PyGILState_STATE g = PyGILState_Ensure();
+        ap_session_t *s = ap_session;
+        if (atomic_load(&S.run) && s && !s->disabled) {
+            ap_exc_state_t exc;
+            ap_exc_save(&exc);
+            sample_threads(s);
+            if (PyErr_Occurred())
+                ap_fault(s, "taking a sample");
+            ap_exc_restore(&exc);
+        }
+        PyGILState_Release(g);
+    }
+    return NULL;
+}
+
+int ap_sampler_start(ap_session_t *s)
+{
+    if (!s->sample_interval)
+        return 0;
+    S.interval.tv_sec = (time_t)(s->sample_interval / 1000000000);
+    S.interval.tv_nsec = (long)(s->sample_interval % 1000000000);
+    atomic_store(&S.busy, 0);
+    atomic_store(&S.run, 1);
+    if (pthread_create(&S.thread, NULL, sampler_main, NULL) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "aioprof: cannot start the sampler thread");
+        return -1;
+    }
+    S.started = 1;
+    return 0;
+}
+
+void ap_sampler_stop(void)
+{
+    if (!S.started)
+        return;
+    atomic_store(&S.run, 0);
+    /* The sampler may be waiting for the GIL this thread holds: let it go while joining. */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(S.thread, NULL);
+    Py_END_ALLOW_THREADS
+    S.started = 0;
+}
+
+int ap_sampler_on(void)
+{
+    return S.started;
+}
+
+void ap_sampler_step(ap_thread_t *th, ap_ns_t start)
+{
+    th->step_start = start;
+    if (start) {
+        th->step_serial++;
+        atomic_fetch_add_explicit(&S.busy, 1, memory_order_relaxed);
+    } else {
+        atomic_fetch_sub_explicit(&S.busy, 1, memory_order_relaxed);
+    }
+}
+
+/* ------------------------------------------------------------------ snapshot */
+
+static PyObject *frame_obj(ap_session_t *s, const ap_frame_t *f)
+{
+    switch (f->kind) {
+    case FR_CODE: {
+        ap_site_t *st = &s->sites[f->ref];
+        ap_code_t *c = &s->codes[st->code];
+        return Py_BuildValue("{s:s,s:O,s:i,s:O}", "kind", "code", "file", c->filename, "line", st->line,
+                             "function", c->qualname);
+    }
+    case FR_TASK:
+        return Py_BuildValue("{s:s,s:O}", "kind", "task", "coroutine",
+                             f->ref != AP_NONE ? s->codes[f->ref].qualname : Py_None);
+    case FR_CALLBACK:
+        return Py_BuildValue("{s:s,s:O}", "kind", "callback", "callback", s->cbs[f->ref].name);
+    default:
+        return Py_BuildValue("{s:s}", "kind", "asyncio");
+    }
+}
+
+static PyObject *stack_list(const ap_stack_t *st)
+{
+    PyObject *l = PyList_New(st->n);
+    for (uint32_t i = 0; l && i < st->n; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(st->frames[i]);
+        if (!v) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+int ap_stacks_snapshot(ap_session_t *s, PyObject *doc)
+{
+    if (!s->sample_interval && !s->async_stacks)
+        return 0;
+    PyObject *frames = PyList_New(0), *samples = PyList_New(0), *idle = PyList_New(0), *blocking = PyList_New(0);
+    int rc = -1;
+    if (!frames || !samples || !idle || !blocking)
+        goto done;
+    for (uint32_t i = 0; i < s->n_frames; i++) {
+        PyObject *o = frame_obj(s, &s->frames[i]);
+        if (!o || PyList_Append(frames, o) < 0) {
+            Py_XDECREF(o);
+            goto done;
+        }
+        Py_DECREF(o);
+    }
+    for (uint32_t i = 0; i < s->n_stacks; i++) {
+        ap_stack_t *st = &s->stacks[i];
+        PyObject *o;
+        if (st->samples) {
+            o = Py_BuildValue("{s:N,s:K,s:L}", "stack", stack_list(st), "samples", (unsigned long long)st->samples,
+                              "time_ns", (long long)st->sample_ns);
+            if (!o || PyList_Append(samples, o) < 0)
+                goto fail_item;
+            Py_DECREF(o);
+        }
+        if (st->idle_count) {
+            o = Py_BuildValue("{s:N,s:K,s:L}", "stack", stack_list(st), "count", (unsigned long long)st->idle_count,
+                              "idle_ns", (long long)st->idle_ns);
+            if (!o || PyList_Append(idle, o) < 0)
+                goto fail_item;
+            Py_DECREF(o);
+        }
+        if (st->blocking) {
+            o = Py_BuildValue("{s:N,s:K}", "stack", stack_list(st), "count", (unsigned long long)st->blocking);
+            if (!o || PyList_Append(blocking, o) < 0)
+                goto fail_item;
+            Py_DECREF(o);
+        }
+        continue;
+    fail_item:
+        Py_XDECREF(o);
+        goto done;
+    }
+    if (PyDict_SetItemString(doc, "frames", frames) < 0)
+        goto done;
+    if (s->sample_interval) {
+        PyObject *sm = Py_BuildValue("{s:L,s:K,s:O}", "interval_ns", (long long)s->sample_interval, "count",
+                                     (unsigned long long)s->n_samples, "stacks", samples);
+        if (!sm || PyDict_SetItemString(doc, "samples", sm) < 0) {
+            Py_XDECREF(sm);
+            goto done;
+        }
+        Py_DECREF(sm);
+    }
+    if (s->async_stacks &&
+        (PyDict_SetItemString(doc, "idle_stacks", idle) < 0 || PyDict_SetItemString(doc, "blocking", blocking) < 0))
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(frames);
+    Py_XDECREF(samples);
+    Py_XDECREF(idle);
+    Py_XDECREF(blocking);
+    return rc;
+}
+
+void ap_stacks_free(ap_session_t *s)
+{
+    for (uint32_t i = 0; i < s->n_stacks; i++)
+        PyMem_RawFree(s->stacks[i].frames);
+    PyMem_RawFree(s->stacks);
+    PyMem_RawFree(s->frames);
+    ap_table_free(&s->stack_idx);
+    ap_table_free(&s->frame_idx);
+}
