@@ -29,6 +29,20 @@ static struct {
 
 static int hooks_refs;   /* a session and each open monitor hold one */
 
+static int is_hook_def(const PyMethodDef *def);
+
+/* The class's own attribute `name` (not an inherited one), new reference or NULL. */
+static PyObject *own_attr(PyObject *cls, const char *name)
+{
+    PyObject *dict = PyObject_GetAttrString(cls, "__dict__");
+    if (!dict)
+        return NULL;
+    PyObject *cur = PyMapping_GetItemString(dict, name);
+    Py_DECREF(dict);
+    return cur;
+}
+
+
 /* The monitor of the loop whose tick runs in this thread. Observers are Python code
  * and may close monitors at any time, so the pointer is trusted only while no monitor
  * was closed since it was taken (ap_monitor_epoch). */
@@ -113,7 +127,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     if (task) {
         t = ap_task_find(s, task);
         if (!t)
-            t = ap_task_new(s, th, task, now);
+            t = ap_task_new(s, th, task, now, -1, NULL);
         if (t) {
             if (t->state == AP_READY)
                 ready = t->t_mark;
@@ -146,7 +160,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     th->cur_ready = wake_ready;
     th->depth++;
     if (th->sampled)
-        ap_sampler_step(th, now);
+        ap_sampler_step(th, now, 1);
     if (l && th->last_edge > 0 && now > th->last_edge)
         ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, now - th->last_edge}, now);
 
@@ -165,7 +179,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     th->cur_ready = prev_ready;
     th->last_edge = end;
     if (th->sampled)
-        ap_sampler_step(th, 0);
+        ap_sampler_step(th, end, 0);
     if (s->trace)
         ap_trace_add(s, AP_EV_RUN, t ? t->id : 0, ap_trace_where(s, l, th->ident), now, end, cbi);
     if (l)
@@ -224,7 +238,7 @@ static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_
     if (t) {
         ap_task_wake(s, th, t, ready, now);
     } else if (task) {
-        ap_task_new(s, th, task, now);
+        ap_task_new(s, th, task, now, -1, NULL);
     } else {
         ap_loop_t *l = th->loop && th->loop->addr == (uintptr_t)loop ? th->loop
                                                                       : ap_loop_get(s, loop, now);
@@ -402,7 +416,7 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
     ap_ns_t now = ap_clock_wall();
     ap_task_t *t = ap_task_find(s, task);
     if (!t)
-        t = ap_task_new(s, th, task, now);
+        t = ap_task_new(s, th, task, now, -1, NULL);
     ap_loop_t *l = ap_loop_get(s, w->loop, now);
     if (t) {
         if (l && t->state == AP_READY)
@@ -415,7 +429,7 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
     th->task = t;
     th->depth++;
     if (th->sampled)
-        ap_sampler_step(th, now);
+        ap_sampler_step(th, now, 1);
     PyObject *r = PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
     if (still_live(s, gen)) {
         ap_exc_state_t exc;
@@ -424,7 +438,7 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
         th->depth--;
         th->task = prev;
         if (th->sampled)
-            ap_sampler_step(th, 0);
+            ap_sampler_step(th, end, 0);
         if (s->trace)
             ap_trace_add(s, AP_EV_RUN, t ? t->id : 0, ap_trace_where(s, l, th->ident), now, end, AP_NONE);
         if (t && t->state == AP_RUNNING) {
@@ -538,7 +552,7 @@ static PyObject *hook_uv_call_soon(PyObject *loop, PyObject *const *args, Py_ssi
         if (t)
             ap_task_wake(s, th, t, now, now);
         else
-            ap_task_new(s, th, task, now);
+            ap_task_new(s, th, task, now, -1, NULL);
         ap_loop_t *l = ap_loop_get(s, loop, now);
         if (l)
             l->uvloop = 1;
@@ -581,36 +595,47 @@ static int uv_install(void)
         PyErr_Clear();   /* broken uvloop install: the program will find out, not us */
         return 0;
     }
-    H.uv_loop_cls = PyObject_GetAttrString(uv, "Loop");
+    PyObject *cls = PyObject_GetAttrString(uv, "Loop");
     Py_DECREF(uv);
-    if (!H.uv_loop_cls || !PyType_Check(H.uv_loop_cls) ||
-        !(((PyTypeObject *)H.uv_loop_cls)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+    if (!cls || !PyType_Check(cls) || !(((PyTypeObject *)cls)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
         PyErr_Clear();
-        Py_CLEAR(H.uv_loop_cls);
+        Py_XDECREF(cls);
         return 0;
     }
+    Py_XSETREF(H.uv_loop_cls, cls);
     if (!H.uv_step_type && !(H.uv_step_type = (PyTypeObject *)PyType_FromSpec(&uvstep_spec)))
         return -1;
     /* call_soon is inherited from the Cython base class; the hook goes on the subclass
      * and is deleted from it again on uninstall. */
-    H.orig_uv_call_soon = PyObject_GetAttrString(H.uv_loop_cls, "call_soon");
-    PyObject *descr = H.orig_uv_call_soon ? PyDescr_NewMethod((PyTypeObject *)H.uv_loop_cls, &def_uv_call_soon) : NULL;
+    PyObject *orig = PyObject_GetAttrString(H.uv_loop_cls, "call_soon");
+    if (orig && Py_IS_TYPE(orig, &PyMethodDescr_Type) &&
+        ((PyMethodDescrObject *)orig)->d_method == &def_uv_call_soon) {
+        Py_DECREF(orig);   /* still ours from a session whose stop left it (wrapped): keep it */
+        return 0;
+    }
+    PyObject *descr = orig ? PyDescr_NewMethod((PyTypeObject *)H.uv_loop_cls, &def_uv_call_soon) : NULL;
     int rc = descr ? PyObject_SetAttrString(H.uv_loop_cls, "call_soon", descr) : -1;
     Py_XDECREF(descr);
     if (rc < 0) {
-        Py_CLEAR(H.orig_uv_call_soon);
-        Py_CLEAR(H.uv_loop_cls);
+        Py_XDECREF(orig);
         return -1;
     }
+    Py_XSETREF(H.orig_uv_call_soon, orig);
     return 0;
 }
 
 static void uv_uninstall(void)
 {
-    if (H.uv_loop_cls && H.orig_uv_call_soon && PyObject_DelAttrString(H.uv_loop_cls, "call_soon") < 0)
+    if (!H.uv_loop_cls || !H.orig_uv_call_soon)
+        return;
+    PyObject *cur = own_attr(H.uv_loop_cls, "call_soon");
+    int ours = cur && Py_IS_TYPE(cur, &PyMethodDescr_Type) &&
+               ((PyMethodDescrObject *)cur)->d_method == &def_uv_call_soon;
+    Py_XDECREF(cur);
+    PyErr_Clear();
+    if (ours && PyObject_DelAttrString(H.uv_loop_cls, "call_soon") < 0)
         PyErr_Clear();
-    Py_CLEAR(H.orig_uv_call_soon);
-    Py_CLEAR(H.uv_loop_cls);
+    /* uv_loop_cls and orig_uv_call_soon stay referenced: a kept hook still works. */
 }
 
 /* ------------------------------------------------------------------ install */
@@ -626,14 +651,14 @@ static PyMethodDef def_select = {"select", (PyCFunction)(void (*)(void))hook_sel
                                  METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
                                  "aioprof hook around selector.select."};
 
-/* Replace cls.name by a descriptor for def; saves the original in *orig. */
+/* Replace cls.name by a descriptor for def; saves the original in *orig.
+ *
+ * The originals are kept after uninstall, for the life of the process: a bound hook
+ * someone kept (a cached method, another tool's wrapper made while profiling) may be
+ * called after stop() and must still reach the original. */
 static int swap(PyObject *cls, const char *name, PyMethodDef *def, PyObject **orig)
 {
-    PyObject *dict = PyObject_GetAttrString(cls, "__dict__");
-    if (!dict)
-        return -1;
-    PyObject *cur = PyMapping_GetItemString(dict, name);   /* the class's own, not inherited */
-    Py_DECREF(dict);
+    PyObject *cur = own_attr(cls, name);
     if (!cur)
         return -1;
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);
@@ -647,15 +672,27 @@ static int swap(PyObject *cls, const char *name, PyMethodDef *def, PyObject **or
         Py_DECREF(cur);
         return -1;
     }
-    *orig = cur;
+    Py_XSETREF(*orig, cur);
     return 0;
 }
 
-static void restore(PyObject *cls, const char *name, PyObject **orig)
+/* Put the original back, but only where our hook is still in place: a wrapper that the
+ * program (or another tool) put over it while profiling stays, as it would without us,
+ * and calls through our hook to the original. */
+static void restore(PyObject *cls, const char *name, PyObject *orig)
 {
-    if (cls && *orig && PyObject_SetAttrString(cls, name, *orig) < 0)
+    if (!cls || !orig)
+        return;
+    PyObject *cur = own_attr(cls, name);
+    int ours = cur && Py_IS_TYPE(cur, &PyMethodDescr_Type) &&
+               ((PyMethodDescrObject *)cur)->d_method->ml_meth != NULL &&
+               ((PyMethodDescrObject *)cur)->d_common.d_type == (PyTypeObject *)cls &&
+               PyUnicode_CompareWithASCIIString(((PyMethodDescrObject *)cur)->d_common.d_name, name) == 0 &&
+               cur != orig && is_hook_def(((PyMethodDescrObject *)cur)->d_method);
+    Py_XDECREF(cur);
+    PyErr_Clear();
+    if (ours && PyObject_SetAttrString(cls, name, orig) < 0)
         PyErr_Clear();
-    Py_CLEAR(*orig);
 }
 
 static PyObject *get_attr_path(const char *module, const char *attr)
@@ -682,8 +719,8 @@ static int hooks_install(void)
         if (!str_when || !str_timeout)
             return -1;
     }
-    H.handle_cls = get_attr_path("asyncio.events", "Handle");
-    H.loop_cls = get_attr_path("asyncio.base_events", "BaseEventLoop");
+    Py_XSETREF(H.handle_cls, get_attr_path("asyncio.events", "Handle"));
+    Py_XSETREF(H.loop_cls, get_attr_path("asyncio.base_events", "BaseEventLoop"));
     if (!H.handle_cls || !H.loop_cls || ap_slot_init(&slot_callback, H.handle_cls, "_callback") < 0)
         goto error;
     if (swap(H.handle_cls, "_run", &def_run, &H.orig_run) < 0 ||
@@ -704,7 +741,7 @@ static int hooks_install(void)
             Py_DECREF(cls);
             continue;
         }
-        H.sel_cls[i] = cls;
+        Py_XSETREF(H.sel_cls[i], cls);
         if (swap(cls, "select", &def_select, &H.orig_select[i]) < 0)
             goto error;
     }
@@ -735,20 +772,23 @@ void ap_hooks_release(void)
         hooks_uninstall();
 }
 
+static int is_hook_def(const PyMethodDef *def)
+{
+    return def == &def_run || def == &def_call_soon || def == &def_run_once || def == &def_run_forever ||
+           def == &def_select || def == &def_uv_call_soon;
+}
+
 static void hooks_uninstall(void)
 {
     if (!H.installed)
         return;
-    restore(H.handle_cls, "_run", &H.orig_run);
-    restore(H.loop_cls, "_call_soon", &H.orig_call_soon);
-    restore(H.loop_cls, "_run_once", &H.orig_run_once);
-    restore(H.loop_cls, "run_forever", &H.orig_run_forever);
+    /* The classes and originals stay referenced (see swap): a kept hook still works. */
+    restore(H.handle_cls, "_run", H.orig_run);
+    restore(H.loop_cls, "_call_soon", H.orig_call_soon);
+    restore(H.loop_cls, "_run_once", H.orig_run_once);
+    restore(H.loop_cls, "run_forever", H.orig_run_forever);
     uv_uninstall();
-    for (int i = 0; i < N_SEL; i++) {
-        restore(H.sel_cls[i], "select", &H.orig_select[i]);
-        Py_CLEAR(H.sel_cls[i]);
-    }
-    Py_CLEAR(H.handle_cls);
-    Py_CLEAR(H.loop_cls);
+    for (int i = 0; i < N_SEL; i++)
+        restore(H.sel_cls[i], "select", H.orig_select[i]);
     H.installed = 0;
 }

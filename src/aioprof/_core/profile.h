@@ -177,8 +177,12 @@ typedef struct ap_thread {
     uint32_t cb;          /* callback running now (AP_NONE if none or a task step) */
     int sampled;          /* the sampler runs: publish handle starts and ends */
     PyThreadState *tstate;   /* this thread's, for the sampler (valid while inside a handle) */
-    ap_ns_t step_start, last_sample;
+    ap_ns_t step_start;
+    ap_ns_t handle_ns;       /* wall time inside handles so far (sampled threads) */
+    ap_ns_t sampled_ns;      /* handle_ns (+ the running handle) at the last sample */
     uint64_t step_serial, blocked_step;
+    ap_ns_t eager_begin[8];   /* eager task factories running in this thread (3.12+) */
+    int n_eager;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
     ap_ns_t io_end;       /* when select last returned in this thread */
     ap_ns_t tick_select;  /* select wait inside the current tick */
@@ -241,8 +245,14 @@ uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line);
 PyObject *ap_task_of_callback(ap_session_t *s, PyObject *callback);
 /* The record of a live task object, or NULL if not seen yet. */
 ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
-/* First sight of a task (in call_soon or at a step). Returns NULL on error (faulted). */
-ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now);
+/* First sight of a task (in call_soon or at a step). fresh: 1 = created just now,
+ * -1 = tell from its coroutine. coro: the task's coroutine if the caller knows it
+ * (borrowed), else NULL to ask task.get_coro(). Returns NULL on error (faulted). */
+ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now, int fresh,
+                       PyObject *coro);
+/* sys.monitoring callbacks on the eager task factory's code (3.12+). */
+PyObject *ap_eager_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *ap_eager_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The task was made ready at `ready` (clamped into [t_mark, now]). */
 void ap_task_wake(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t ready, ap_ns_t now);
 /* A step of the task begins/ends at `now`; `task` is the live task object. */
@@ -294,8 +304,8 @@ void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_
 int ap_sampler_start(ap_session_t *s);
 void ap_sampler_stop(void);
 int ap_sampler_on(void);
-/* This thread starts (start > 0) or ends (0) a handle: published to the sampler. */
-void ap_sampler_step(ap_thread_t *th, ap_ns_t start);
+/* This thread begins (begin = 1) or ends (0) a handle at `now`: for the sampler. */
+void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin);
 /* Add frames/samples/idle_stacks/blocking to a snapshot dict; 0 or -1 with error. */
 int ap_stacks_snapshot(ap_session_t *s, PyObject *doc);
 void ap_stacks_free(ap_session_t *s);

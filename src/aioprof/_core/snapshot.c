@@ -127,7 +127,8 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
         aw = PyMem_RawMalloc((n_aw + 1) * sizeof *aw);
         if (!aw)
             return PyErr_NoMemory();
-        memcpy(aw, t->awaits, n_aw * sizeof *aw);
+        if (n_aw)   /* awaits is NULL for a task never suspended */
+            memcpy(aw, t->awaits, n_aw * sizeof *aw);
         uint32_t i = 0;
         while (chain != AP_NONE && i < n_aw && aw[i].chain != chain)
             i++;
@@ -142,7 +143,8 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
         aw = PyMem_RawMalloc((n_aw + 1) * sizeof *aw);
         if (!aw)
             return PyErr_NoMemory();
-        memcpy(aw, t->awaits, n_aw * sizeof *aw);
+        if (n_aw)   /* awaits is NULL for a task never suspended */
+            memcpy(aw, t->awaits, n_aw * sizeof *aw);
     }
     qsort(aw, n_aw, sizeof *aw, cmp_await_idle);
     PyObject *awaits = PyList_New(0);

@@ -303,13 +303,17 @@ static void sample_threads(ap_session_t *s)
         /* Read with the GIL held: a thread inside a handle is alive, its tstate valid. */
         if (th->depth == 0 || !th->tstate || th->step_start == 0)
             continue;
-        ap_ns_t from = th->last_sample > th->step_start ? th->last_sample : th->step_start;
-        th->last_sample = now;
+        /* The sample stands for the handle time since the previous one, whichever
+         * handles ran meanwhile: over many samples each stack gets its share of busy
+         * time, and the samples sum to the busy time (up to the last interval). */
+        ap_ns_t busy = th->handle_ns + (now - th->step_start);
+        ap_ns_t weight = busy - th->sampled_ns;
+        th->sampled_ns = busy;
         uint32_t st = running_stack(s, th, PyThreadState_GetFrame(th->tstate));
         if (st == AP_NONE)
             continue;
         s->stacks[st].samples++;
-        s->stacks[st].sample_ns += now - from;
+        s->stacks[st].sample_ns += weight;
         s->n_samples++;
         if (s->slow_ns > 0 && now - th->step_start >= s->slow_ns && th->blocked_step != th->step_serial) {
             th->blocked_step = th->step_serial;   /* one capture per slow step, while it runs */
@@ -374,13 +378,15 @@ int ap_sampler_on(void)
     return S.started;
 }
 
-void ap_sampler_step(ap_thread_t *th, ap_ns_t start)
+void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin)
 {
-    th->step_start = start;
-    if (start) {
+    if (begin) {
+        th->step_start = now;
         th->step_serial++;
         atomic_fetch_add_explicit(&S.busy, 1, memory_order_relaxed);
     } else {
+        th->handle_ns += now - th->step_start;
+        th->step_start = 0;
         atomic_fetch_sub_explicit(&S.busy, 1, memory_order_relaxed);
     }
 }
@@ -475,8 +481,9 @@ int ap_stacks_snapshot(ap_session_t *s, PyObject *doc)
         }
         Py_DECREF(sm);
     }
-    if (s->async_stacks &&
-        (PyDict_SetItemString(doc, "idle_stacks", idle) < 0 || PyDict_SetItemString(doc, "blocking", blocking) < 0))
+    if (s->sample_interval && PyDict_SetItemString(doc, "blocking", blocking) < 0)
+        goto done;
+    if (s->async_stacks && PyDict_SetItemString(doc, "idle_stacks", idle) < 0)
         goto done;
     rc = 0;
 done:

@@ -293,7 +293,8 @@ static uint32_t coro_get(ap_session_t *s, PyObject *coro)
     return s->n_coros++;
 }
 
-ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now)
+ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now, int fresh_hint,
+                       PyObject *coro_hint)
 {
     ap_task_t *t = PyMem_RawCalloc(1, sizeof *t);
     if (!t) {
@@ -308,7 +309,9 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     t->t_created = t->t_mark = now;
     t->t_first = t->t_end = -1;
 
-    PyObject *coro = PyObject_CallMethod(task, "get_coro", NULL);
+    /* 3.12.1's get_coro() crashes on a task that finished eagerly (its coroutine is
+     * cleared), hence the hint from the eager factory's frame. */
+    PyObject *coro = coro_hint ? Py_NewRef(coro_hint) : PyObject_CallMethod(task, "get_coro", NULL);
     if (!coro)
         goto error;
     t->coro = coro;   /* borrowed from here on: the task holds it while pending */
@@ -316,7 +319,7 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     t->name = PyObject_CallMethod(task, "get_name", NULL);
     if (!t->name)
         goto error;
-    int fresh = coro != Py_None ? coro_unstarted(coro) : 0;
+    int fresh = fresh_hint > 0 ? 1 : coro != Py_None ? coro_unstarted(coro) : 0;
     if (fresh < 0)
         goto error;
     if (fresh) {
@@ -766,4 +769,78 @@ void ap_cpu_charge(ap_session_t *s, ap_thread_t *th, ap_cpu_item_t item, ap_ns_t
     th->pending[th->n_pending++] = item;
     if (now - th->win_wall >= s->cpu_window)
         ap_cpu_flush(s, th, now);
+}
+
+/* ------------------------------------------------------------------ eager tasks */
+
+/* An eager task (3.12+ eager_start) runs its first step inside Task(): no call_soon and
+ * no handle. aioprof watches the code of asyncio's eager task factory with
+ * sys.monitoring local events (profiler.py installs them): PY_START marks when the
+ * factory began, PY_RETURN hands over the task, whose first step is begin..return.
+ * That step also lies inside its creator's step, which includes it, as the creator did
+ * run it. */
+PyObject *ap_eager_begin(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(n))
+{
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    if (s && !s->disabled && (th = ap_thread_get(s)) && th->n_eager < 8)
+        th->eager_begin[th->n_eager++] = ap_clock_wall();
+    Py_RETURN_NONE;
+}
+
+PyObject *ap_eager_end(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    ap_session_t *s = ap_session;
+    ap_thread_t *th;
+    if (!s || s->disabled || nargs < 3 || !(th = ap_thread_get(s)) || th->n_eager == 0)
+        Py_RETURN_NONE;
+    ap_ns_t begin = th->eager_begin[--th->n_eager], end = ap_clock_wall();
+    PyObject *task = args[2];
+    if (!is_task(s, task))
+        Py_RETURN_NONE;
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    /* The factory's frame, still alive at PY_RETURN, holds the coroutine in `coro`. */
+    PyObject *coro = NULL;
+    PyFrameObject *f = ap_current_frame();
+    PyObject *locals = f ? PyObject_GetAttrString((PyObject *)f, "f_locals") : NULL;
+    if (locals) {
+        coro = PyMapping_GetItemString(locals, "coro");
+        Py_DECREF(locals);
+    }
+    PyErr_Clear();
+    ap_task_t *t = ap_task_find(s, task);
+    if (!t && coro) {
+        t = ap_task_new(s, th, task, begin, 1, coro);
+        if (t) {
+            ap_task_t *prev = th->task;
+            ap_task_step_begin(s, th, t, task, begin);
+            ap_task_step_end(s, th, t, task, end);   /* may free t: not used after */
+            th->task = prev;
+        }
+    } else if (t->steps == 0 && t->t_created >= begin) {
+        /* It rescheduled itself during the eager step, so call_soon saw it first,
+         * without a creation site: the step was begin..end and it is ready since end. */
+        t->created = ap_creation_site(s);
+        t->parent = th->task ? th->task->id : 0;
+        t->t_created = t->t_first = begin;
+        t->t_mark = end;
+        t->steps = 1;
+        t->yields = 1;
+        t->busy += end - begin;
+        t->max_step = end - begin;
+        if (t->coro_idx != AP_NONE) {
+            ap_coro_t *c = &s->coros[t->coro_idx];
+            c->steps++;
+            c->busy += end - begin;
+            if (end - begin > c->max_step)
+                c->max_step = end - begin;
+            ap_hist_add(&c->hist, end - begin);
+        }
+    }
+    Py_XDECREF(coro);
+    if (PyErr_Occurred())
+        ap_fault(s, "accounting an eager task");
+    ap_exc_restore(&exc);
+    Py_RETURN_NONE;
 }

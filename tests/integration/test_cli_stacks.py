@@ -1,0 +1,352 @@
+"""The stack views end to end (docs/stacks.md): `python -m aioprof --format collapsed`
+(cpu and idle flames), `--by stack`, the blocking stacks of slow steps and
+`--format trace`, checked against what the programs do and against the JSON report."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+import aioprof
+
+SANITIZER = os.environ.get("AIOPROF_SANITIZER", "")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif("interval" not in inspect.signature(aioprof.Profiler).parameters,
+                       reason="aioprof.Profiler does not take interval= yet (sampling, "
+                              "async stacks and the trace are not in the core)"),
+]
+
+
+def write(path: Path, source: str) -> Path:
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return path
+
+
+def line_of(path: Path, marker: str) -> int:
+    """The line number of the line of `path` that contains `marker`."""
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if marker in line:
+            return n
+    raise AssertionError(f"{marker!r} not in {path}")
+
+
+def folded(text: str) -> Dict[str, int]:
+    """{stack: µs} of folded-stack lines (each line checked)."""
+    out: Dict[str, int] = {}
+    for line in text.splitlines():
+        stack, _, value = line.rpartition(" ")
+        assert stack and value.isdigit() and int(value) > 0, f"bad folded line {line!r}"
+        assert stack not in out, f"stack listed twice: {stack!r}"
+        out[stack] = int(value)
+    return out
+
+
+def profile(run_aioprof, tmp_path: Path, args, prog: Path) -> str:
+    out = tmp_path / "out.txt"
+    proc = run_aioprof([*args, "-o", out, prog], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    return out.read_text(encoding="utf-8")
+
+
+CPU_SPLIT = """\
+    import asyncio, time
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def heavy():
+        burn(0.3)
+
+    def light():
+        burn(0.1)
+
+    async def main():
+        t0 = time.perf_counter()
+        heavy()
+        await asyncio.sleep(0)
+        light()
+        print(time.perf_counter() - t0)
+
+    asyncio.run(main())
+"""
+
+
+def test_cpu_flame_splits_time_3_to_1(run_aioprof, tmp_path):
+    prog = write(tmp_path / "split.py", CPU_SPLIT)
+    out = tmp_path / "out.txt"
+    proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    burned = float(proc.stdout)
+    stacks = folded(out.read_text(encoding="utf-8"))
+    total = sum(stacks.values()) / 1e6
+    # The samples cover the steps: the burn, and a little more for the rest of the run.
+    assert burned - 0.02 <= total <= burned * 1.05 + 0.02, (total, burned, stacks)
+    heavy = sum(v for k, v in stacks.items() if "heavy (split.py:9)" in k)
+    light = sum(v for k, v in stacks.items() if "light (split.py:12)" in k)
+    assert heavy + light >= 0.9 * sum(stacks.values())
+    share = heavy / (heavy + light)
+    assert abs(share - 0.75) <= 0.10, (share, stacks)
+    for k in stacks:
+        if "heavy" in k or "light" in k:
+            assert k.startswith("[task main];main (split.py:")
+            assert k.endswith("burn (split.py:5)") or k.endswith("burn (split.py:4)"), k
+
+
+def test_call_tree_text_view(run_aioprof, tmp_path):
+    prog = write(tmp_path / "split.py", CPU_SPLIT)
+    report = profile(run_aioprof, tmp_path, ["--by", "stack"], prog)
+    lines = report.splitlines()
+    assert any(line.startswith("Sampled on-loop time by call stack: ") for line in lines)
+    rows = {line.split("  ")[-1].strip(): line.split() for line in lines
+            if "(split.py:" in line or "[task main]" in line}
+    heavy = next(v for k, v in rows.items() if k == "heavy (split.py:9)")
+    light = next(v for k, v in rows.items() if k == "light (split.py:12)")
+    pct_heavy, pct_light = float(heavy[1].rstrip("%")), float(light[1].rstrip("%"))
+    assert abs(pct_heavy / (pct_heavy + pct_light) - 0.75) <= 0.10, (heavy, light)
+    assert 280 <= float(heavy[0]) <= 360 and 80 <= float(light[0]) <= 140
+
+
+def test_call_tree_says_when_sampling_is_off(run_aioprof, tmp_path):
+    prog = write(tmp_path / "split.py", CPU_SPLIT.replace("0.3", "0.01").replace("0.1)", "0.01)"))
+    report = profile(run_aioprof, tmp_path, ["--by", "stack", "--interval", "0"], prog)
+    assert "Sampled on-loop time by call stack: no samples (sampling was off: --interval 0)" \
+        in report
+
+
+GATHER = """\
+    import asyncio
+
+    async def child():
+        await asyncio.sleep(0.2)  # [sleep]
+
+    async def main():
+        await asyncio.gather(child(), child())  # [gather]
+
+    asyncio.run(main())
+"""
+
+
+def test_idle_flame_of_gathered_children_has_parent_and_gather_line(run_aioprof, tmp_path):
+    prog = write(tmp_path / "gather.py", GATHER)
+    gather_line, sleep_line = line_of(prog, "[gather]"), line_of(prog, "[sleep]")
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "idle"],
+                            prog))
+    children = {k: v for k, v in stacks.items() if "[task child]" in k}
+    assert children, stacks
+    for stack in children:
+        frames = stack.split(";")
+        assert frames[0] == "[task main]", stack
+        assert f"main (gather.py:{gather_line})" in frames, stack
+        assert frames.index(f"main (gather.py:{gather_line})") < frames.index("[task child]")
+    at_sleep = sum(v for k, v in children.items() if f"child (gather.py:{sleep_line})" in k)
+    # Two children, 0.2 s each.
+    assert 0.38 <= at_sleep / 1e6 <= 0.46 + (1.0 if SANITIZER else 0), children
+    # The parent waits at the gather line too, not inside the children.
+    parent = {k: v for k, v in stacks.items() if "[task child]" not in k}
+    assert any(k.split(";")[-2:] == [f"main (gather.py:{gather_line})", "[asyncio]"]
+               or k.endswith(f"main (gather.py:{gather_line})") for k in parent), parent
+
+
+def test_wall_flame_is_cpu_plus_idle(run_aioprof, tmp_path):
+    prog = write(tmp_path / "gather.py", GATHER.replace("0.2", "0.05"))
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "wall"],
+                            prog))
+    assert any("[task child]" in k for k in stacks)
+    assert sum(stacks.values()) / 1e6 >= 0.1 - 0.005
+
+
+IDLE = """\
+    import asyncio
+
+    async def main():
+        await asyncio.sleep(0.5)
+
+    asyncio.run(main())
+"""
+
+
+def test_idle_program_has_no_samples_in_select(run_aioprof, tmp_path):
+    prog = write(tmp_path / "idle.py", IDLE)
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "cpu"],
+                            prog))
+    for stack in stacks:
+        assert "selectors.py" not in stack and "select (" not in stack, stack
+    assert sum(stacks.values()) / 1e6 < 0.05, stacks
+
+
+BLOCKING = """\
+    import asyncio, time
+
+    async def block():
+        time.sleep(0.25)  # [block]
+
+    async def main():
+        await asyncio.create_task(block())
+
+    asyncio.run(main())
+"""
+
+
+def test_blocking_stack_of_a_slow_step_in_the_text_report(run_aioprof, tmp_path):
+    prog = write(tmp_path / "blocking.py", BLOCKING)
+    line = line_of(prog, "[block]")
+    # Blocking stacks come with the async stacks (--by stack or --format collapsed).
+    report = profile(run_aioprof, tmp_path, ["--by", "stack", "--slow-ms", "100"], prog)
+    lines = report.splitlines()
+    i = next(i for i, s in enumerate(lines) if s.startswith("  blocking stacks captured"))
+    top = lines[i + 1].split()
+    assert top[0].endswith("x") and int(top[0][:-1]) >= 1, lines[i:]
+    assert top[1:3] == [f"blocking.py:{line}", "block"], lines[i:]
+    assert lines[i + 1].endswith("in [task block]")
+    # The blocked time is sampled too, charged to the line that blocks.
+    assert any(s.strip().endswith(f"block (blocking.py:{line})") for s in lines[:i])
+
+
+TRACE_PROGRAM = """\
+    import asyncio, time
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    async def worker(n):
+        for _ in range(3):
+            burn(0.005 * n)
+            await asyncio.sleep(0.01)
+
+    async def main():
+        await asyncio.gather(*(worker(n) for n in (1, 2, 3)))
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+"""
+
+# Runs the program under the Profiler API and writes both the JSON report and the trace
+# of the same run.
+API_RUNNER = """\
+    import json, runpy, sys
+    import aioprof
+    from aioprof.report import trace
+
+    prog, stats_path, trace_path = sys.argv[1:]
+    with aioprof.Profiler(trace=True) as p:
+        runpy.run_path(prog, run_name="__main__")
+    doc = p.stats()
+    with open(stats_path, "w") as f:
+        json.dump(doc, f)
+    with open(trace_path, "w") as f:
+        json.dump(trace.render(doc), f)
+"""
+
+
+def close(value: float, expected: float) -> bool:
+    return abs(value - expected) <= 0.001 + 0.05 * abs(expected)
+
+
+def test_trace_intervals_add_up_to_the_task_totals(tmp_path):
+    prog = write(tmp_path / "work.py", TRACE_PROGRAM)
+    runner = write(tmp_path / "runner.py", API_RUNNER)
+    stats_path, trace_path = tmp_path / "stats.json", tmp_path / "trace.json"
+    env = dict(os.environ)
+    root = str(Path(aioprof.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, str(runner), str(prog), str(stats_path),
+                           str(trace_path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(stats_path.read_text())
+    tr = json.loads(trace_path.read_text())
+    assert doc["trace"]["dropped"] == 0
+    sums: Dict[int, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for ev in tr["traceEvents"]:
+        if ev["ph"] == "X" and ev["cat"] in ("run", "scheduled", "await"):
+            sums[ev["tid"]][ev["cat"]] += ev["dur"] / 1e6
+    tasks = doc["tasks"]
+    assert len([t for t in tasks if t["coroutine"] == "worker"]) == 3
+    problems = []
+    for t in tasks:
+        got = sums.get(t["id"], {})
+        for cat, field in (("run", "busy_s"), ("scheduled", "scheduled_s"), ("await", "idle_s")):
+            if not close(got.get(cat, 0.0), t[field]):
+                problems.append(f"task {t['id']} {t['coroutine']}: trace {cat} "
+                                f"{got.get(cat, 0.0):.6f} s, report {field} {t[field]:.6f} s")
+    assert not problems, "\n".join(problems)
+
+
+def test_trace_format_from_the_command_line(run_aioprof, tmp_path):
+    prog = write(tmp_path / "work.py", TRACE_PROGRAM)
+    out = tmp_path / "trace.json"
+    proc = run_aioprof(["--format", "trace", "-o", out, prog], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tr = json.loads(out.read_text(encoding="utf-8"))
+    assert tr["displayTimeUnit"] == "ms"
+    events = tr["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sum(1 for n in names.values() if n.endswith(" worker")) == 3, names
+    assert any(n.endswith(" main") for n in names.values()), names
+    phases = defaultdict(int)
+    for e in events:
+        phases[e["ph"]] += 1
+        assert (e["pid"], e["tid"]) in names, e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and e["ts"] >= 0 and e["name"] and e["cat"]
+    assert phases["X"] > 0
+    # main creates the three workers (through gather): three arrows.
+    assert phases["s"] == phases["f"] >= 3
+    ticks = [e for e in events if e["ph"] == "X" and e["name"] == "tick"]
+    selects = [e for e in events if e["ph"] == "X" and e["name"] == "select"]
+    assert ticks and selects
+    awaits = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "await"]
+    assert any(name.startswith("await work.py:") for name in awaits), set(awaits)
+
+
+def test_trace_buffer_keeps_the_newest_events(run_aioprof, tmp_path):
+    prog = write(tmp_path / "work.py", TRACE_PROGRAM)
+    out = tmp_path / "trace.json"
+    proc = run_aioprof(["--format", "trace", "--trace-buffer", "50", "-o", out, prog],
+                       cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tr = json.loads(out.read_text(encoding="utf-8"))
+    assert tr["otherData"]["trace_capacity"] == 50
+    assert tr["otherData"]["trace_dropped"] > 0
+    assert sum(1 for e in tr["traceEvents"] if e["ph"] == "X") <= 50
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--interval", "-1"], "argument --interval: invalid number >= 0 value: '-1'"),
+    (["--interval", "x"], "argument --interval: invalid number >= 0 value: 'x'"),
+    (["--trace-buffer", "0"], "argument --trace-buffer: invalid integer >= 1 value: '0'"),
+    (["--trace-buffer", "1.5"], "argument --trace-buffer: invalid integer >= 1 value: '1.5'"),
+    (["--flame", "gpu"], "argument --flame: invalid choice: 'gpu' (choose from 'cpu', 'idle', 'wall')"),
+    (["--format", "collapsed", "--interval", "0"],
+     "argument --flame: cpu needs samples, but --interval 0 turns sampling off"),
+])
+def test_bad_options_one_line_exit_2(run_aioprof, tmp_path, args, message):
+    prog = write(tmp_path / "p.py", "print('ran')\n")
+    proc = run_aioprof([*args, prog], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == f"aioprof: error: {message}\n"
+
+
+def test_option_values_reach_the_program_untouched(run_aioprof, tmp_path):
+    prog = write(tmp_path / "p.py", "import sys; print(sys.argv[1:])\n")
+    proc = run_aioprof(["--interval", "0", "--trace-buffer", "5", prog, "--flame", "x",
+                        "--interval", "-3"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "['--flame', 'x', '--interval', '-3']\n"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install what building and testing aioprof needs on a fresh Debian machine (CI runs this
+# from .ci/run). Idempotent; apt is asked only for packages that are missing.
+#
+#   tools/install-deps.sh              apt packages for `make test`, then `make deps-all`
+#   tools/install-deps.sh --apt PKG..  only these apt packages (e.g. cppcheck for `make lint`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+apt_install() { # install the packages among "$@" that are not installed yet
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "install-deps: apt-get install ${missing[*]}"
+    local sudo=
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+if [ "${1:-}" = "--apt" ]; then
+    shift
+    apt_install "$@"
+    exit 0
+fi
+
+# gcc provides libasan/libubsan for `make asan`. libc6-dbg only improves valgrind's stacks.
+apt_install make gcc libc6-dev valgrind
+apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)" >&2
+"${MAKE:-make}" --no-print-directory deps-all
