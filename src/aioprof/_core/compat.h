@@ -59,6 +59,16 @@ static inline PyObject *ap_weakref_get(PyObject *wr)
  * the qualified name of a coroutine comes from the coroutine object itself. */
 #define AP_CODE_HAS_QUALNAME (PY_VERSION_HEX >= 0x030B0000)
 
+/* The index of a frame's last instruction: public API from 3.11, a struct field before. */
+static inline int ap_frame_lasti(PyFrameObject *f)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(f);
+#else
+    return f->f_lasti;
+#endif
+}
+
 /* PyEval_GetFrame returns a borrowed reference on every supported version. */
 static inline PyFrameObject *ap_current_frame(void) { return PyEval_GetFrame(); }
 

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #define N_SEL 5
+#define SELECT_SLACK_NS 100000   /* timer slack + wake-up latency tolerated past a timeout */
 
 static struct {
     int installed;
@@ -354,10 +355,19 @@ static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *
         else
             timeout_ns = d <= 0 ? 0 : (ap_ns_t)(d * 1e9);
     }
+    /* The timeout as the selector really waits: poll and epoll round it up to whole
+     * milliseconds (selectors.py: "round away from zero"), and the kernel's timer slack
+     * adds up to 50 us. Oversleeping within that is not CPU starvation. */
+    ap_ns_t cap_ns = timeout_ns;
+    if (cap_ns > 0) {
+        if (which != 0)   /* every selector but SelectSelector has ms resolution here */
+            cap_ns = (cap_ns + 999999) / 1000000 * 1000000;
+        cap_ns += SELECT_SLACK_NS;
+    }
     ap_loop_t *l = profile ? th->loop : NULL;
     ap_ns_t t0 = ap_clock_wall();
     if (m) {
-        ap_monitor_io_start(m, t0, timeout_ns);
+        ap_monitor_io_start(m, t0, timeout_ns, cap_ns);
         profile = profile && still_live(s, gen);
         m = tick_monitor();
     }
@@ -369,12 +379,12 @@ static PyObject *hook_select(PyObject *sel, PyTypeObject *cls, PyObject *const *
     ap_ns_t t1 = ap_clock_wall(), wait = t1 - t0;
     Py_ssize_t events = r && PyList_Check(r) ? PyList_GET_SIZE(r) : -1;
     if (profile && still_live(s, gen)) {
-        ap_loop_select(s, l, t0, t1, timeout_ns, events);
+        ap_loop_select(s, l, t0, t1, cap_ns, events);
         if (s->trace)
             ap_trace_add(s, AP_EV_SELECT, 0, ap_trace_where(s, l, th->ident), t0, t1,
                          events > 0 ? (uint32_t)events : 0);
         th->tick_select += wait;
-        th->tick_capped += (timeout_ns >= 0 && wait > timeout_ns) ? timeout_ns : wait;
+        th->tick_capped += (cap_ns >= 0 && wait > cap_ns) ? cap_ns : wait;
         th->io_end = t1;
         th->last_edge = t1;
     }

@@ -110,6 +110,7 @@ static void session_free(ap_session_t *s)
     ap_table_free(&s->live);
     ap_table_free(&s->wr_tab);
     ap_table_free(&s->loop_idx);
+    ap_table_free(&s->line_cache);
     ap_stacks_free(s);
     PyMem_RawFree(s->trace);
     Py_XDECREF(s->faults);

@@ -27,7 +27,7 @@ struct ap_monitor {
     ap_ns_t tick_t0, tick_capped;
     uint32_t tick_handles;
     int in_tick, in_select, running;
-    ap_ns_t select_t0, select_timeout;
+    ap_ns_t select_t0, select_timeout, select_cap;
 };
 
 static ap_monitor_t *monitors[MAX_MONITORS];
@@ -148,12 +148,13 @@ void ap_monitor_tick_end(ap_monitor_t *m, ap_ns_t now)
     }
 }
 
-void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout)
+void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout, ap_ns_t cap)
 {
     load_advance(m, now, 1.0);   /* from the tick start (or the last event) to here: busy */
     m->in_select = 1;
     m->select_t0 = now;
     m->select_timeout = timeout;
+    m->select_cap = cap;
     PyObject *t = timeout_obj(timeout);
     if (t) {
         notify(m, str_io_start, &t, 1);
@@ -165,8 +166,8 @@ void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout)
 
 void ap_monitor_io_end(ap_monitor_t *m, ap_ns_t now, Py_ssize_t events)
 {
-    ap_ns_t wait = now - m->select_t0, timeout = m->select_timeout;
-    ap_ns_t capped = (timeout >= 0 && wait > timeout) ? timeout : wait;
+    ap_ns_t wait = now - m->select_t0, timeout = m->select_timeout, cap = m->select_cap;
+    ap_ns_t capped = (cap >= 0 && wait > cap) ? cap : wait;
     m->in_select = 0;
     m->select_calls++;
     m->select_wait += wait;
@@ -272,8 +273,8 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     ap_ns_t now = ap_clock_wall(), dt = now - m->updated;
     double share = 0.0;
     if (m->in_select) {
-        ap_ns_t wait = now - m->select_t0, timeout = m->select_timeout;
-        share = (timeout >= 0 && wait > timeout) ? (double)(wait - timeout) / (double)wait : 0.0;
+        ap_ns_t wait = now - m->select_t0, cap = m->select_cap;
+        share = (cap >= 0 && wait > cap) ? (double)(wait - cap) / (double)wait : 0.0;
     } else if (m->running) {
         share = 1.0;
     }

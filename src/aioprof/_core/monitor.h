@@ -20,7 +20,8 @@ void ap_monitor_loop_stop(ap_monitor_t *m);
 void ap_monitor_tick_start(ap_monitor_t *m, ap_ns_t now);
 void ap_monitor_handle(ap_monitor_t *m);
 void ap_monitor_tick_end(ap_monitor_t *m, ap_ns_t now);
-void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout);
+/* timeout: as given to select (for observers); cap: as the selector waits (for the load). */
+void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout, ap_ns_t cap);
 void ap_monitor_io_end(ap_monitor_t *m, ap_ns_t now, Py_ssize_t events);
 
 /* Module functions: monitor_add(loop) -> id; monitor_close(id);

@@ -207,6 +207,7 @@ typedef struct {
     PyObject *timer_type; /* asyncio.TimerHandle */
     PyObject *wr_task_cb, *wr_loop_cb;     /* C functions called when a task/loop dies */
     ap_table_t code_idx, site_idx, chain_idx, cb_idx, live, wr_tab, loop_idx;
+    ap_table_t line_cache;   /* (code, instruction) -> line + 1: line tables are slow to read */
     ap_code_t *codes; uint32_t n_codes, cap_codes;
     ap_site_t *sites; uint32_t n_sites, cap_sites;
     ap_chain_t *chains; uint32_t n_chains, cap_chains;
@@ -241,6 +242,8 @@ ap_thread_t *ap_thread_get(ap_session_t *s);
 uint32_t ap_code_get(ap_session_t *s, PyObject *code);
 /* Index of the site (code, line); AP_NONE on error. */
 uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line);
+/* The line a frame is at (code is the frame's code), through s->line_cache. */
+int ap_frame_line(ap_session_t *s, PyFrameObject *f, PyObject *code);
 /* The task behind a loop callback (borrowed), or NULL when it is not a task step. */
 PyObject *ap_task_of_callback(ap_session_t *s, PyObject *callback);
 /* The record of a live task object, or NULL if not seen yet. */

@@ -247,7 +247,7 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
         if (s->codes[c].is_asyncio || s->codes[c].is_aioprof)
             fr = frame_get(s, FR_ASYNCIO, 0);
         else
-            fr = frame_get(s, FR_CODE, ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f)));
+            fr = frame_get(s, FR_CODE, ap_site_get(s, (PyObject *)code, ap_frame_line(s, f, (PyObject *)code)));
         Py_DECREF(code);
         /* one [asyncio] marker per run of asyncio frames */
         if (fr != AP_NONE && !(nleaf && leaf[nleaf - 1] == fr && s->frames[fr].kind == FR_ASYNCIO))

@@ -443,56 +443,102 @@ PyObject *ap_task_died(PyObject *Py_UNUSED(module), PyObject *wr)
 
 /* ------------------------------------------------------------------ await chains */
 
+int ap_frame_line(ap_session_t *s, PyFrameObject *f, PyObject *code)
+{
+    /* PyFrame_GetLineNumber decodes the line table from its start (thousands of
+     * instructions on 3.11); the same (code, instruction) always has the same line. */
+    uintptr_t key = ap_mix2((uintptr_t)code, (uintptr_t)(unsigned)ap_frame_lasti(f) + 1);
+    uintptr_t v = ap_table_get(&s->line_cache, key);
+    if (v)
+        return (int)(v - 1);
+    int line = PyFrame_GetLineNumber(f);
+    if (ap_table_put(&s->line_cache, key, (uintptr_t)(line + 1)) < 0)
+        PyErr_Clear();   /* only a cache */
+    return line;
+}
+
+static PyObject *str_cr_code, *str_gi_code, *str_cr_frame, *str_gi_frame, *str_cr_await, *str_gi_yieldfrom;
+
+static int intern_names(void)
+{
+    if (str_cr_code)
+        return 0;
+    str_cr_code = PyUnicode_InternFromString("cr_code");
+    str_gi_code = PyUnicode_InternFromString("gi_code");
+    str_cr_frame = PyUnicode_InternFromString("cr_frame");
+    str_gi_frame = PyUnicode_InternFromString("gi_frame");
+    str_cr_await = PyUnicode_InternFromString("cr_await");
+    str_gi_yieldfrom = PyUnicode_InternFromString("gi_yieldfrom");
+    return str_cr_code && str_gi_code && str_cr_frame && str_gi_frame && str_cr_await && str_gi_yieldfrom ? 0 : -1;
+}
+
+/* The site of the frame `obj` (a coroutine or generator) is suspended at. */
+static uint32_t suspended_site(ap_session_t *s, PyObject *obj, PyObject *code, int is_coro)
+{
+    PyObject *frame = PyObject_GetAttr(obj, is_coro ? str_cr_frame : str_gi_frame);
+    if (!frame)
+        return AP_NONE;
+    uint32_t site = AP_NONE;
+    if (frame != Py_None)
+        site = ap_site_get(s, code, ap_frame_line(s, (PyFrameObject *)frame, code));
+    Py_DECREF(frame);
+    return site;
+}
+
 /* Walk the await chain of `coro` (outermost first) into out[]; frames in asyncio's
- * own package are dropped unless nothing else is left. Returns the count, -1 on error. */
+ * own package are dropped unless nothing else is left. Their code is read through
+ * cr_code, which is cheap; only the kept frames' lines are computed. Returns the
+ * count, -1 on error. */
 static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
 {
+    if (intern_names() < 0)
+        return -1;
     int n = 0;
-    uint32_t last_asyncio = AP_NONE;
+    PyObject *last_asyncio = NULL, *last_asyncio_code = NULL;
+    int last_is_coro = 0;
     PyObject *cur = Py_NewRef(coro);
     for (int depth = 0; cur && cur != Py_None && depth < 256; depth++) {
-        const char *fattr, *aattr;
-        if (PyCoro_CheckExact(cur)) {
-            fattr = "cr_frame";
-            aattr = "cr_await";
-        } else if (PyGen_Check(cur)) {
-            fattr = "gi_frame";
-            aattr = "gi_yieldfrom";
-        } else {
+        int is_coro = PyCoro_CheckExact(cur);
+        if (!is_coro && !PyGen_Check(cur))
             break;   /* a Future or another awaitable: the chain ends here */
-        }
-        PyObject *frame = PyObject_GetAttrString(cur, fattr);
-        if (!frame)
+        PyObject *code = PyObject_GetAttr(cur, is_coro ? str_cr_code : str_gi_code);
+        if (!code)
             goto error;
-        if (frame == Py_None) {
-            Py_DECREF(frame);
-            break;
+        uint32_t c = ap_code_get(s, code);
+        if (c == AP_NONE) {
+            Py_DECREF(code);
+            goto error;
         }
-        PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
-        int line = PyFrame_GetLineNumber((PyFrameObject *)frame);
-        Py_DECREF(frame);
-        uint32_t site = ap_site_get(s, (PyObject *)code, line);
-        Py_DECREF(code);
-        if (site == AP_NONE) {
-            if (PyErr_Occurred())
+        if (s->codes[c].is_asyncio) {
+            Py_XSETREF(last_asyncio, Py_NewRef(cur));
+            Py_XSETREF(last_asyncio_code, code);
+            last_is_coro = is_coro;
+        } else {
+            uint32_t site = n < AP_MAX_CHAIN ? suspended_site(s, cur, code, is_coro) : AP_NONE;
+            Py_DECREF(code);
+            if (site != AP_NONE)
+                out[n++] = site;
+            else if (PyErr_Occurred())
                 goto error;
-        } else if (s->codes[s->sites[site].code].is_asyncio) {
-            last_asyncio = site;
-        } else if (n < AP_MAX_CHAIN) {
-            out[n++] = site;
         }
-        PyObject *next = PyObject_GetAttrString(cur, aattr);
+        PyObject *next = PyObject_GetAttr(cur, is_coro ? str_cr_await : str_gi_yieldfrom);
         if (!next)
             goto error;
-        Py_DECREF(cur);
-        cur = next;
+        Py_SETREF(cur, next);
     }
     Py_XDECREF(cur);
-    if (n == 0 && last_asyncio != AP_NONE)
-        out[n++] = last_asyncio;
-    return n;
+    if (n == 0 && last_asyncio) {
+        uint32_t site = suspended_site(s, last_asyncio, last_asyncio_code, last_is_coro);
+        if (site != AP_NONE)
+            out[n++] = site;
+    }
+    Py_XDECREF(last_asyncio);
+    Py_XDECREF(last_asyncio_code);
+    return PyErr_Occurred() ? -1 : n;
 error:
     Py_XDECREF(cur);
+    Py_XDECREF(last_asyncio);
+    Py_XDECREF(last_asyncio_code);
     return -1;
 }
 
@@ -628,7 +674,12 @@ int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *t
         return AP_READY;
     }
     /* Not rescheduled by its own step: suspended on something, or finished. */
-    PyObject *r = PyObject_CallMethod(task, "done", NULL);
+    static PyObject *str_done;
+    if (!str_done && !(str_done = PyUnicode_InternFromString("done"))) {
+        ap_fault(s, "interning a name");
+        return t->state;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(task, str_done);
     if (!r) {
         ap_fault(s, "calling Task.done()");
         return t->state;
