@@ -30,7 +30,8 @@ if HERE not in sys.path:
 
 import workloads  # noqa: E402
 
-VARIANTS = ("none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer")
+VARIANTS = ("none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer",
+            "aioprof-nosample", "aioprof-trace", "monitor")
 
 # Ring-buffer size for viztracer: large enough that no workload here wraps it.
 VIZTRACER_ENTRIES = 10_000_000
@@ -61,6 +62,42 @@ def make_variant(name: str) -> Hooks:
 
         # p.stop() also assembles the final document; it runs after the clock stops.
         return p.start, p.stop, report
+
+    if name in ("aioprof-nosample", "aioprof-trace"):
+        # aioprof without its sampler (interval 0), and aioprof recording the trace:
+        # what sampling and trace recording cost, against the default `aioprof`.
+        import aioprof
+
+        p = aioprof.Profiler(interval=0.0) if name == "aioprof-nosample" else aioprof.Profiler(trace=True)
+
+        def report() -> None:
+            p.report(format="text", file=io.StringIO())
+
+        return p.start, p.stop, report
+
+    if name == "monitor":
+        # Loop instrumentation alone: a LoopMonitor on every loop the workload makes
+        # (through the event loop policy, since each workload runs its own asyncio.run).
+        import asyncio
+
+        import aioprof
+
+        monitors = []
+
+        class Policy(asyncio.DefaultEventLoopPolicy):
+            def new_event_loop(self):
+                loop = super().new_event_loop()
+                monitors.append(aioprof.LoopMonitor(loop))
+                return loop
+
+        def start() -> None:
+            asyncio.set_event_loop_policy(Policy())
+
+        def stop() -> None:
+            for m in monitors:
+                m.close()
+
+        return start, stop, _noop
 
     if name == "cprofile":
         import cProfile

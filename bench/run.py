@@ -45,10 +45,13 @@ sys.path.insert(0, HERE)
 import workloads as _workloads  # noqa: E402
 
 ALL_WORKLOADS = list(_workloads.WORKLOADS)  # switch, chain, echo, mixed, aiohttp
-ALL_VARIANTS = ["none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer"]
+ALL_VARIANTS = ["none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer",
+                "aioprof-nosample", "aioprof-trace", "monitor"]
 PEERS = ["cprofile", "yappi", "pyinstrument", "viztracer"]
 LABELS = {"none": "none", "aioprof": "aioprof", "cprofile": "cProfile",
-          "yappi": "yappi (wall)", "pyinstrument": "pyinstrument", "viztracer": "viztracer"}
+          "yappi": "yappi (wall)", "pyinstrument": "pyinstrument", "viztracer": "viztracer",
+          "aioprof-nosample": "aioprof, no sampling", "aioprof-trace": "aioprof + trace",
+          "monitor": "LoopMonitor only"}
 # Module each variant needs (checked in the target interpreter before running).
 VARIANT_MODULES = {"cprofile": "cProfile", "yappi": "yappi", "pyinstrument": "pyinstrument",
                    "viztracer": "viztracer"}

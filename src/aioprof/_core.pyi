@@ -9,12 +9,16 @@ from typing import Any, Sequence
 HIST_BUCKETS: int
 """Buckets per histogram: log-linear, 8 per power of two (values within 12.5%)."""
 
-def start(max_tasks: int, cpu_window_ns: int, slow_ns: int) -> None:
-    """Install the event-loop and task hooks and begin a session.
+def start(max_tasks: int, cpu_window_ns: int, slow_ns: int, interval_ns: int = ...,
+          async_stacks: bool = ..., trace_events: int = ...) -> None:
+    """Install the event-loop and task hooks and begin a session (3 or 6 arguments).
 
     max_tasks >= 0: per-task records kept (the rest are folded and counted as dropped).
     cpu_window_ns > 0: the CPU clock is read at most once per window per thread.
     slow_ns >= 0: steps, callbacks and ticks at least this long are slow.
+    interval_ns >= 0: sampling interval of the sampler thread (0: no sampling).
+    async_stacks: charge idle time to async call stacks (docs/stacks.md).
+    trace_events in [0, 1e8]: size of the trace ring (0: no trace).
 
     Raises RuntimeError if a session is already running, ValueError for a bad argument,
     and ImportError/AttributeError if asyncio's classes are not where expected.
@@ -47,6 +51,22 @@ def fake_advance(wall_ns: int, cpu_ns: int = 0) -> None:
 
 def clock_ns() -> int:
     """aioprof's wall clock now, in ns (CLOCK_MONOTONIC, or the fake clock)."""
+
+def monitor_add(loop: Any) -> int:
+    """Open a loop monitor on `loop` (installs the hooks if needed); returns its id.
+    Raises RuntimeError if the loop has one already or 64 are open."""
+
+def monitor_close(id: int) -> None:
+    """Close a loop monitor (idempotent)."""
+
+def monitor_observers(id: int) -> list[Any]:
+    """The monitor's observer list (mutable: add or remove observers in it).
+    Raises ValueError for an unknown id."""
+
+def monitor_read(id: int) -> dict[str, Any]:
+    """The monitor's figures now: load (float in [0, 1], smoothed 1 s), wall_ns,
+    select_wait_ns, select_capped_ns, age_ns, ticks, select_calls, handles, running.
+    Raises ValueError for an unknown id."""
 
 def hist_quantiles(values: Sequence[int], quantiles: Sequence[float]) -> list[int]:
     """Put `values` (ns) in one of aioprof's histograms and read the given quantiles

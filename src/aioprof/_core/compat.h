@@ -17,10 +17,17 @@
 typedef struct { PyObject *exc; } ap_exc_state_t;
 static inline void ap_exc_save(ap_exc_state_t *s) { s->exc = PyErr_GetRaisedException(); }
 static inline void ap_exc_restore(ap_exc_state_t *s) { PyErr_SetRaisedException(s->exc); }
+/* The exception object of a saved state (borrowed), or NULL. */
+static inline PyObject *ap_exc_value(ap_exc_state_t *s) { return s->exc; }
 #else
 typedef struct { PyObject *type, *value, *tb; } ap_exc_state_t;
 static inline void ap_exc_save(ap_exc_state_t *s) { PyErr_Fetch(&s->type, &s->value, &s->tb); }
 static inline void ap_exc_restore(ap_exc_state_t *s) { PyErr_Restore(s->type, s->value, s->tb); }
+static inline PyObject *ap_exc_value(ap_exc_state_t *s)
+{
+    PyErr_NormalizeException(&s->type, &s->value, &s->tb);
+    return s->value;
+}
 #endif
 
 /* Py_NewRef / Py_XNewRef: 3.10 has them; kept here should the floor move down. */

@@ -22,12 +22,7 @@ void ap_fault(ap_session_t *s, const char *what)
     if (PyErr_Occurred()) {
         ap_exc_state_t exc;
         ap_exc_save(&exc);
-#if PY_VERSION_HEX >= 0x030C0000
-        PyObject *val = exc.exc;
-#else
-        PyErr_NormalizeException(&exc.type, &exc.value, &exc.tb);
-        PyObject *val = exc.value;
-#endif
+        PyObject *val = ap_exc_value(&exc);
         msg = val ? PyUnicode_FromFormat("internal fault while %s (%s: %S); profiling disabled", what,
                                          _PyType_Name(Py_TYPE(val)), val)
                   : NULL;

@@ -29,6 +29,7 @@ typedef struct {
     PyObject *filename;   /* strong str */
     int firstlineno;
     unsigned is_asyncio : 1, is_aioprof : 1, is_internal : 1;
+    unsigned is_loop_entry : 1;   /* asyncio code that calls into handles: stacks stop there */
     uint32_t coro;        /* index into s->coros once used as a task's coroutine */
 } ap_code_t;
 
@@ -181,6 +182,9 @@ typedef struct ap_thread {
     ap_ns_t handle_ns;       /* wall time inside handles so far (sampled threads) */
     ap_ns_t sampled_ns;      /* handle_ns (+ the running handle) at the last sample */
     uint64_t step_serial, blocked_step;
+    /* the awaiting-task prefix of the running task's stack, computed once per step */
+    uint64_t prefix_step;
+    uint32_t prefix[64], n_prefix;
     ap_ns_t eager_begin[8];   /* eager task factories running in this thread (3.12+) */
     int n_eager;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */

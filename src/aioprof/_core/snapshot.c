@@ -246,7 +246,7 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
     ap_ns_t busy = l->wall - l->select_wait;
     PyObject *util = wall > 0 ? PyFloat_FromDouble((double)busy / wall) : Py_NewRef(Py_None);
     PyObject *load = wall > 0 ? PyFloat_FromDouble(1.0 - (double)l->select_capped / wall) : Py_NewRef(Py_None);
-    return dict_of(27, "id", u64(l->id), "type", Py_NewRef(l->type_name),
+    return dict_of(29, "id", u64(l->id), "type", Py_NewRef(l->type_name),
                    "thread", PyLong_FromUnsignedLong(l->thread), "ticks", u64(l->ticks),
                    "handles", u64(l->handles), "select_calls", u64(l->select_calls),
                    "io_events", u64(l->io_events), "wall_ns", ns(l->wall), "select_wait_ns", ns(l->select_wait),
@@ -262,6 +262,8 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
                    "tick_busy_p99_ns", ns(ap_hist_quantile(&l->tick_hist, 0.99)),
                    "tick_busy_max_ns", ns(l->tick_hist.max),
                    "handles_per_tick_max", u64((uint64_t)l->handles_hist.max),
+                   "handles_per_tick_p50", u64((uint64_t)ap_hist_quantile(&l->handles_hist, 0.5)),
+                   "handles_per_tick_p99", u64((uint64_t)ap_hist_quantile(&l->handles_hist, 0.99)),
                    "slow_steps", slow, "slow_total", u64(l->slow_total),
                    "destroyed", PyBool_FromLong(l->destroyed));
 }

@@ -211,25 +211,6 @@ void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_
 
 /* ------------------------------------------------------------------ running stacks */
 
-/* Is this frame where the loop calls into a handle (so the walk stops)? */
-static int is_loop_frame(ap_session_t *s, uint32_t code)
-{
-    if (!s->codes[code].is_asyncio)
-        return 0;
-    PyObject *name = PyObject_GetAttrString(s->codes[code].code, "co_name");
-    int stop = 0;
-    if (name) {
-        stop = PyUnicode_CompareWithASCIIString(name, "_run") == 0 ||
-               PyUnicode_CompareWithASCIIString(name, "_run_once") == 0 ||
-               PyUnicode_CompareWithASCIIString(name, "run_forever") == 0 ||
-               PyUnicode_CompareWithASCIIString(name, "run_until_complete") == 0 ||
-               PyUnicode_CompareWithASCIIString(name, "run") == 0;
-        Py_DECREF(name);
-    }
-    PyErr_Clear();
-    return stop;
-}
-
 /* The async call stack of the handle thread `th` runs now, from its innermost frame
  * `f` (a new reference, consumed). AP_NONE if nothing to charge. */
 static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f)
@@ -239,7 +220,7 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
     while (f && nleaf < MAX_STACK) {
         PyCodeObject *code = PyFrame_GetCode(f);
         uint32_t c = ap_code_get(s, (PyObject *)code);
-        if (c == AP_NONE || is_loop_frame(s, c)) {
+        if (c == AP_NONE || s->codes[c].is_loop_entry) {
             Py_DECREF(code);
             break;
         }
@@ -260,11 +241,19 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
     uint32_t out[MAX_STACK];
     int n = 0;
     if (th->task) {
-        PyObject *task = th->task->wr ? ap_weakref_get(th->task->wr) : NULL;
-        if (task) {
-            n = push_awaiters(s, task, out, 0);
-            Py_DECREF(task);
+        /* The tasks awaiting this one do not change while it runs: walk them once per
+         * step (the walk reads futures' callbacks and coroutines, the dear part). */
+        if (th->prefix_step != th->step_serial) {
+            PyObject *task = th->task->wr ? ap_weakref_get(th->task->wr) : NULL;
+            uint32_t pre[MAX_STACK];
+            int k = task ? push_awaiters(s, task, pre, 0) : 0;
+            Py_XDECREF(task);
+            th->n_prefix = (uint32_t)(k < 64 ? k : 64);
+            memcpy(th->prefix, pre, th->n_prefix * sizeof *pre);
+            th->prefix_step = th->step_serial;
         }
+        memcpy(out, th->prefix, th->n_prefix * sizeof *out);
+        n = (int)th->n_prefix;
         uint32_t ref = th->task->coro_idx != AP_NONE ? s->coros[th->task->coro_idx].code : AP_NONE;
         uint32_t m = frame_get(s, FR_TASK, ref);
         if (m != AP_NONE && n < MAX_STACK)

@@ -79,6 +79,17 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
         PyErr_Clear();
     }
     c->coro = AP_NONE;
+    c->is_loop_entry = 0;
+    if (c->is_asyncio) {
+        /* Where the loop calls into handles: a sampled stack stops there. */
+        static const char *const entries[] = {"_run", "_run_once", "run_forever", "run_until_complete", "run"};
+        PyObject *name = PyObject_GetAttrString(code, "co_name");
+        for (size_t i = 0; name && i < sizeof entries / sizeof *entries; i++)
+            if (PyUnicode_CompareWithASCIIString(name, entries[i]) == 0)
+                c->is_loop_entry = 1;
+        Py_XDECREF(name);
+        PyErr_Clear();
+    }
     if (ap_table_put(&s->code_idx, (uintptr_t)code, idx + 1) < 0) {
         Py_CLEAR(c->code);
         Py_CLEAR(c->qualname);
