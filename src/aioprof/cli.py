@@ -124,9 +124,10 @@ def _parser() -> _Parser:
     p.add_argument("--slow-ms", type=_non_negative, default=100.0, metavar="MS",
                    help="record steps and callbacks of at least MS milliseconds as slow "
                         "(default 100)")
-    p.add_argument("--interval", type=_non_negative, default=1.0, metavar="MS",
-                   help="sample the running stack about every MS milliseconds (default "
-                        "1.0; 0 = no sampling)")
+    p.add_argument("--interval", type=_non_negative, default=None, metavar="MS",
+                   help="sample the running stack about every MS milliseconds (0 = no "
+                        "sampling). Default: 1.0 with --flame cpu/wall or --by stack, "
+                        "else off (docs/stacks.md: the sampler's limits)")
     p.add_argument("--trace-buffer", type=_at_least_one, default=200000, metavar="N",
                    help="with --format trace: keep the newest N trace events (default "
                         "200000)")
@@ -347,17 +348,25 @@ class _Session:
             file.flush()
 
 
+def _interval_ms(opts: argparse.Namespace) -> float:
+    """--interval, or its default: sampling on only for the views made of samples."""
+    if opts.interval is not None:
+        return opts.interval
+    wants_samples = (opts.format == "collapsed" and opts.flame in ("cpu", "wall")) or opts.by == "stack"
+    return 1.0 if wants_samples else 0.0
+
+
 def _profiler_kwargs(opts: argparse.Namespace) -> dict:
     """The keyword arguments of aioprof.Profiler for the options."""
     return {"max_tasks": opts.max_tasks, "cpu_window": opts.cpu_window / 1e3,
-            "slow_ms": opts.slow_ms, "interval": opts.interval / 1e3,
+            "slow_ms": opts.slow_ms, "interval": _interval_ms(opts) / 1e3,
             "async_stacks": opts.format == "collapsed" or opts.by == "stack",
             "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer}
 
 
 def _check(opts: argparse.Namespace) -> None:
     """Option combinations that cannot give a report (raises _Error)."""
-    if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and opts.interval == 0:
+    if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
         raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
                      f"turns sampling off")
 

@@ -79,8 +79,9 @@ class Profiler:
             proportion to their wall time (docs/design.md).
         slow_ms: milliseconds (float >= 0); a step or callback at least this long is
             recorded as a slow step.
-        interval: seconds (float >= 0) between samples of the running frames (0: no
-            sampling). Samples cover loops in the main thread (docs/stacks.md).
+        interval: seconds (float >= 0) between samples of the running frames; 0 (the
+            default) means no sampling. Sampling takes the GIL from the loop threads and
+            has limits (docs/stacks.md): it is opt-in, e.g. interval=0.001.
         async_stacks: charge each suspension's idle time to the task's async call stack
             (the tasks awaiting it + its await chain), for the idle flame graph.
         trace: record a timeline (steps, scheduled and await intervals, ticks, selects,
@@ -92,7 +93,7 @@ class Profiler:
     """
 
     def __init__(self, *, max_tasks: int = 10000, cpu_window: float = 0.001,
-                 slow_ms: float = 100.0, interval: float = 0.001, async_stacks: bool = False,
+                 slow_ms: float = 100.0, interval: float = 0.0, async_stacks: bool = False,
                  trace: bool = False, trace_buffer: int = 200_000) -> None:
         if not isinstance(max_tasks, int) or max_tasks < 0:
             raise ValueError(f"max_tasks must be an int >= 0, not {max_tasks!r}")

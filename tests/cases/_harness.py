@@ -88,7 +88,7 @@ _API_RUNNER = (
     "import sys, runpy, json, aioprof\n"
     "case, out, slow_ms = sys.argv[1], sys.argv[2], float(sys.argv[3])\n"
     "sys.argv = [case]\n"
-    "p = aioprof.Profiler(slow_ms=slow_ms).start()\n"
+    "p = aioprof.Profiler(slow_ms=slow_ms, interval=0.001).start()\n"
     "try:\n"
     "    runpy.run_path(case, run_name='__main__')\n"
     "finally:\n"
@@ -215,7 +215,7 @@ class CaseRun:
     # ---- sampled on-loop time (docs/stacks.md)
     def sampled_stacks(self) -> List[Tuple[List[dict], float]]:
         """(frames root first, time_s) of every sampled stack; fails if the report has no
-        samples (sampling is on by default, --interval 1 ms)."""
+        samples (the cases run with sampling on: --interval 1 ms)."""
         assert "samples" in self.doc and "frames" in self.doc, "no samples in the report"
         frames = self.doc["frames"]
         return [([frames[i] for i in st["stack"]], st["time_s"]) for st in self.doc["samples"]["stacks"]]
@@ -310,7 +310,7 @@ def _run_once(path: Path, out: Path, slow_ms: float, timeout: float) -> CaseRun:
     if os.environ.get("AIOPROF_CASES_RUNNER", "") != "api" and cli_works():
         mode = "cli"
         cmd = [sys.executable, "-m", "aioprof", "--format", "json", "-o", str(out),
-               "--slow-ms", repr(slow_ms), str(path)]
+               "--slow-ms", repr(slow_ms), "--interval", "1", str(path)]
     else:
         mode = "api"
         cmd = [sys.executable, "-c", _API_RUNNER, str(path), str(out), repr(slow_ms)]

@@ -263,7 +263,9 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
         if (m != AP_NONE && n < MAX_STACK)
             out[n++] = m;
     }
-    for (int i = nleaf - 1; i >= 0 && n < MAX_STACK; i--)
+    /* Too deep: keep the innermost frames (where the time is), drop outer ones. */
+    int keep = nleaf < MAX_STACK - n ? nleaf : MAX_STACK - n;
+    for (int i = keep - 1; i >= 0; i--)
         out[n++] = leaf[i];
     PyErr_Clear();
     return n ? stack_get(s, out, (uint32_t)n) : AP_NONE;
@@ -281,7 +283,8 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
 static struct {
     pthread_t thread;
     int started;
-    atomic_int run, busy;
+    atomic_int busy;
+    atomic_ullong gen;   /* the running sampler's generation; bumped at stop */
     struct timespec interval;
 } S;
 
@@ -311,17 +314,33 @@ static void sample_threads(ap_session_t *s)
     }
 }
 
-static void *sampler_main(void *Py_UNUSED(arg))
+/* Sleep one interval in slices of at most 20 ms, so a stopped sampler leaves soon.
+ * Returns whether this sampler (generation `gen`) should go on. */
+static int sampler_sleep(unsigned long long gen)
 {
-    while (atomic_load(&S.run)) {
-        nanosleep(&S.interval, NULL);
-        if (!atomic_load(&S.run))
-            break;
+    const long long slice = 20000000;
+    long long left = (long long)S.interval.tv_sec * 1000000000 + S.interval.tv_nsec;
+    while (left > 0 && atomic_load(&S.gen) == gen) {
+        long long d = left < slice ? left : slice;
+        struct timespec ts = {(time_t)(d / 1000000000), (long)(d % 1000000000)};
+        nanosleep(&ts, NULL);
+        left -= d;
+    }
+    return atomic_load(&S.gen) == gen;
+}
+
+/* The sampler thread is detached and never joined: it may wait a long time for the GIL
+ * (busy loops in other threads can keep it from getting it), and stop() must not wait
+ * with it. A stopped sampler sees its generation gone and leaves, touching nothing. */
+static void *sampler_main(void *arg)
+{
+    unsigned long long gen = (unsigned long long)(uintptr_t)arg;
+    while (sampler_sleep(gen)) {
         if (atomic_load_explicit(&S.busy, memory_order_relaxed) == 0)
             continue;   /* every loop is between handles or in select: nothing to sample */
         PyGILState_STATE g = PyGILState_Ensure();
         ap_session_t *s = ap_session;
-        if (atomic_load(&S.run) && s && !s->disabled) {
+        if (atomic_load(&S.gen) == gen && s && !s->disabled) {
             ap_exc_state_t exc;
             ap_exc_save(&exc);
             sample_threads(s);
@@ -341,11 +360,13 @@ int ap_sampler_start(ap_session_t *s)
     S.interval.tv_sec = (time_t)(s->sample_interval / 1000000000);
     S.interval.tv_nsec = (long)(s->sample_interval % 1000000000);
     atomic_store(&S.busy, 0);
-    atomic_store(&S.run, 1);
-    if (pthread_create(&S.thread, NULL, sampler_main, NULL) != 0) {
+    unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
+    if (pthread_create(&S.thread, NULL, sampler_main, (void *)(uintptr_t)gen) != 0) {
+        atomic_fetch_add(&S.gen, 1);
         PyErr_SetString(PyExc_RuntimeError, "aioprof: cannot start the sampler thread");
         return -1;
     }
+    pthread_detach(S.thread);
     S.started = 1;
     return 0;
 }
@@ -354,11 +375,7 @@ void ap_sampler_stop(void)
 {
     if (!S.started)
         return;
-    atomic_store(&S.run, 0);
-    /* The sampler may be waiting for the GIL this thread holds: let it go while joining. */
-    Py_BEGIN_ALLOW_THREADS
-    pthread_join(S.thread, NULL);
-    Py_END_ALLOW_THREADS
+    atomic_fetch_add(&S.gen, 1);   /* the sampler leaves at its next look; not waited for */
     S.started = 0;
 }
 

@@ -525,12 +525,18 @@ static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
             Py_XSETREF(last_asyncio_code, code);
             last_is_coro = is_coro;
         } else {
-            uint32_t site = n < AP_MAX_CHAIN ? suspended_site(s, cur, code, is_coro) : AP_NONE;
+            uint32_t site = suspended_site(s, cur, code, is_coro);
             Py_DECREF(code);
-            if (site != AP_NONE)
+            if (site != AP_NONE) {
+                /* Too long: keep the innermost AP_MAX_CHAIN lines, the await site last. */
+                if (n == AP_MAX_CHAIN) {
+                    memmove(out, out + 1, (AP_MAX_CHAIN - 1) * sizeof *out);
+                    n--;
+                }
                 out[n++] = site;
-            else if (PyErr_Occurred())
+            } else if (PyErr_Occurred()) {
                 goto error;
+            }
         }
         PyObject *next = PyObject_GetAttr(cur, is_coro ? str_cr_await : str_gi_yieldfrom);
         if (!next)

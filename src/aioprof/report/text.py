@@ -590,7 +590,7 @@ class _Renderer:
         if get("thread") is not None:
             name += f", thread {get('thread')}"
         if get("destroyed"):
-            name += ", closed"
+            name += ", garbage-collected"
         groups: List[List[str]] = [[], [], [], []]
 
         def add(group: int, label: str, value: Any, fmt: Callable[[Any], str],
