@@ -242,6 +242,8 @@ void ap_fault(ap_session_t *s, const char *what);
 ap_thread_t *ap_thread_get(ap_session_t *s);
 
 /* --- tasks.c --- */
+/* Grow a zero-filled dynamic array so that index n is valid; 0, or -1 (no error set). */
+int ap_grow(void **arr, uint32_t *cap, size_t elem, uint32_t n);
 /* Index of the code record of `code` (borrowed), creating it; AP_NONE on error. */
 uint32_t ap_code_get(ap_session_t *s, PyObject *code);
 /* Index of the site (code, line); AP_NONE on error. */

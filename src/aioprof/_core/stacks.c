@@ -20,27 +20,13 @@ enum { FR_CODE, FR_TASK, FR_CALLBACK, FR_ASYNCIO };
 
 /* ------------------------------------------------------------------ interning */
 
-static int grow(void **arr, uint32_t *cap, size_t elem, uint32_t n)
-{
-    if (n < *cap)
-        return 0;
-    uint32_t ncap = *cap ? *cap * 2 : 64;
-    void *p = PyMem_RawRealloc(*arr, (size_t)ncap * elem);
-    if (!p)
-        return -1;
-    memset((char *)p + (size_t)*cap * elem, 0, (size_t)(ncap - *cap) * elem);
-    *arr = p;
-    *cap = ncap;
-    return 0;
-}
-
 static uint32_t frame_get(ap_session_t *s, int kind, uint32_t ref)
 {
     uintptr_t key = ap_mix2((uintptr_t)kind + 0x51, ref);
     uintptr_t v = ap_table_get(&s->frame_idx, key);
     if (v && s->frames[v - 1].kind == kind && s->frames[v - 1].ref == ref)
         return (uint32_t)(v - 1);
-    if (grow((void **)&s->frames, &s->cap_frames, sizeof(ap_frame_t), s->n_frames) < 0 ||
+    if (ap_grow((void **)&s->frames, &s->cap_frames, sizeof(ap_frame_t), s->n_frames) < 0 ||
         ap_table_put(&s->frame_idx, key, s->n_frames + 1) < 0) {
         PyErr_NoMemory();
         return AP_NONE;
@@ -51,16 +37,14 @@ static uint32_t frame_get(ap_session_t *s, int kind, uint32_t ref)
 
 static uint32_t stack_get(ap_session_t *s, const uint32_t *fr, uint32_t n)
 {
-    uintptr_t key = ap_mix2(n, 0x57ac);
-    for (uint32_t i = 0; i < n; i++)
-        key = ap_mix2(key, fr[i]);
+    uintptr_t key = ap_seq_hash(fr, n, 0x57ac);
     uintptr_t v = ap_table_get(&s->stack_idx, key);
     if (v) {
         ap_stack_t *st = &s->stacks[v - 1];
         return (st->n == n && memcmp(st->frames, fr, n * sizeof *fr) == 0) ? (uint32_t)(v - 1) : AP_NONE;
     }
     uint32_t *copy = PyMem_RawMalloc(n * sizeof *fr + 1);
-    if (!copy || grow((void **)&s->stacks, &s->cap_stacks, sizeof(ap_stack_t), s->n_stacks) < 0 ||
+    if (!copy || ap_grow((void **)&s->stacks, &s->cap_stacks, sizeof(ap_stack_t), s->n_stacks) < 0 ||
         ap_table_put(&s->stack_idx, key, s->n_stacks + 1) < 0) {
         PyMem_RawFree(copy);
         PyErr_NoMemory();

@@ -19,6 +19,14 @@ uintptr_t ap_mix2(uintptr_t a, uintptr_t b)
     return h ? (uintptr_t)h : 1;
 }
 
+uintptr_t ap_seq_hash(const uint32_t *v, uint32_t n, uintptr_t salt)
+{
+    uintptr_t key = ap_mix2(n, salt);
+    for (uint32_t i = 0; i < n; i++)
+        key = ap_mix2(key, v[i]);
+    return key;
+}
+
 void ap_table_free(ap_table_t *t)
 {
     free(t->keys);

@@ -25,5 +25,7 @@ int ap_table_put(ap_table_t *t, uintptr_t key, uintptr_t val);
 int ap_table_del(ap_table_t *t, uintptr_t key);
 /* A 64-bit mix of two words, never 0: for composite keys such as (code, line). */
 uintptr_t ap_mix2(uintptr_t a, uintptr_t b);
+/* A key for a sequence of n indices (await chains, stacks); salt tells kinds apart. */
+uintptr_t ap_seq_hash(const uint32_t *v, uint32_t n, uintptr_t salt);
 
 #endif

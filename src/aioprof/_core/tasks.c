@@ -9,8 +9,7 @@
 
 #include <string.h>
 
-/* Grow a dynamic array so that index n is valid. */
-static int ensure(void **arr, uint32_t *cap, size_t elem, uint32_t n)
+int ap_grow(void **arr, uint32_t *cap, size_t elem, uint32_t n)
 {
     if (n < *cap)
         return 0;
@@ -37,7 +36,7 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
     uintptr_t v = ap_table_get(&s->code_idx, (uintptr_t)code);
     if (v)
         return (uint32_t)(v - 1);
-    if (ensure((void **)&s->codes, &s->cap_codes, sizeof(ap_code_t), s->n_codes) < 0) {
+    if (ap_grow((void **)&s->codes, &s->cap_codes, sizeof(ap_code_t), s->n_codes) < 0) {
         PyErr_NoMemory();
         return AP_NONE;
     }
@@ -113,7 +112,7 @@ uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line)
     uint32_t c = ap_code_get(s, code);
     if (c == AP_NONE)
         return AP_NONE;
-    if (ensure((void **)&s->sites, &s->cap_sites, sizeof(ap_site_t), s->n_sites) < 0 ||
+    if (ap_grow((void **)&s->sites, &s->cap_sites, sizeof(ap_site_t), s->n_sites) < 0 ||
         ap_table_put(&s->site_idx, key, s->n_sites + 1) < 0) {
         PyErr_NoMemory();
         return AP_NONE;
@@ -127,16 +126,14 @@ uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line)
 
 static uint32_t chain_get(ap_session_t *s, const uint32_t *sites, uint32_t n)
 {
-    uintptr_t key = ap_mix2(n, 0x5157);
-    for (uint32_t i = 0; i < n; i++)
-        key = ap_mix2(key, sites[i]);
+    uintptr_t key = ap_seq_hash(sites, n, 0x5157);
     uintptr_t v = ap_table_get(&s->chain_idx, key);
     if (v) {
         ap_chain_t *c = &s->chains[v - 1];
         return (c->n == n && memcmp(c->sites, sites, n * sizeof *sites) == 0) ? (uint32_t)(v - 1) : AP_NONE;
     }
     uint32_t *copy = PyMem_RawMalloc(n * sizeof *sites + 1);
-    if (!copy || ensure((void **)&s->chains, &s->cap_chains, sizeof(ap_chain_t), s->n_chains) < 0 ||
+    if (!copy || ap_grow((void **)&s->chains, &s->cap_chains, sizeof(ap_chain_t), s->n_chains) < 0 ||
         ap_table_put(&s->chain_idx, key, s->n_chains + 1) < 0) {
         PyMem_RawFree(copy);
         PyErr_NoMemory();
@@ -285,7 +282,7 @@ static uint32_t coro_get(ap_session_t *s, PyObject *coro)
         return AP_NONE;
     if (s->codes[c].coro != AP_NONE)
         return s->codes[c].coro;
-    if (ensure((void **)&s->coros, &s->cap_coros, sizeof(ap_coro_t), s->n_coros) < 0) {
+    if (ap_grow((void **)&s->coros, &s->cap_coros, sizeof(ap_coro_t), s->n_coros) < 0) {
         PyErr_NoMemory();
         return AP_NONE;
     }
@@ -370,7 +367,7 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     if (s->trace)
         ap_trace_add(s, AP_EV_CREATE, t->id, t->parent, now, now, 0);
     if (s->n_kept < s->max_tasks) {
-        if (ensure((void **)&s->tasks, &s->cap_tasks, sizeof(ap_task_t *), s->n_tasks) < 0) {
+        if (ap_grow((void **)&s->tasks, &s->cap_tasks, sizeof(ap_task_t *), s->n_tasks) < 0) {
             ap_table_del(&s->live, t->addr);
             ap_table_del(&s->wr_tab, (uintptr_t)t->wr);
             PyErr_NoMemory();
@@ -589,7 +586,7 @@ int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle)
     while (i < t->n_awaits && t->awaits[i].chain != chain)
         i++;
     if (i == t->n_awaits) {
-        if (ensure((void **)&t->awaits, &t->cap_awaits, sizeof(ap_await_t), i) < 0) {
+        if (ap_grow((void **)&t->awaits, &t->cap_awaits, sizeof(ap_await_t), i) < 0) {
             PyErr_NoMemory();
             return -1;
         }
@@ -770,7 +767,7 @@ uint32_t ap_cb_get(ap_session_t *s, PyObject *cb)
     uintptr_t v = ap_table_get(&s->cb_idx, key);
     if (v)
         return (uint32_t)(v - 1);
-    if (ensure((void **)&s->cbs, &s->cap_cbs, sizeof(ap_cb_t), s->n_cbs) < 0) {
+    if (ap_grow((void **)&s->cbs, &s->cap_cbs, sizeof(ap_cb_t), s->n_cbs) < 0) {
         PyErr_NoMemory();
         return AP_NONE;
     }
