@@ -31,7 +31,7 @@ if HERE not in sys.path:
 import workloads  # noqa: E402
 
 VARIANTS = ("none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer",
-            "aioprof-nosample", "aioprof-trace", "monitor")
+            "aioprof-nosample", "aioprof-sample", "aioprof-trace", "monitor")
 
 # Ring-buffer size for viztracer: large enough that no workload here wraps it.
 VIZTRACER_ENTRIES = 10_000_000
@@ -63,12 +63,14 @@ def make_variant(name: str) -> Hooks:
         # p.stop() also assembles the final document; it runs after the clock stops.
         return p.start, p.stop, report
 
-    if name in ("aioprof-nosample", "aioprof-trace"):
-        # aioprof without its sampler (interval 0), and aioprof recording the trace:
-        # what sampling and trace recording cost, against the default `aioprof`.
+    if name in ("aioprof-nosample", "aioprof-sample", "aioprof-trace"):
+        # aioprof without its sampler (interval 0), with a 1 ms sampler, and recording
+        # the trace (no sampler): what sampling and trace recording cost.
         import aioprof
 
-        p = aioprof.Profiler(interval=0.0) if name == "aioprof-nosample" else aioprof.Profiler(trace=True)
+        p = {"aioprof-nosample": lambda: aioprof.Profiler(interval=0.0),
+             "aioprof-sample": lambda: aioprof.Profiler(interval=0.001),
+             "aioprof-trace": lambda: aioprof.Profiler(interval=0.0, trace=True)}[name]()
 
         def report() -> None:
             p.report(format="text", file=io.StringIO())

@@ -46,11 +46,12 @@ import workloads as _workloads  # noqa: E402
 
 ALL_WORKLOADS = list(_workloads.WORKLOADS)  # switch, chain, echo, mixed, aiohttp
 ALL_VARIANTS = ["none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer",
-                "aioprof-nosample", "aioprof-trace", "monitor"]
+                "aioprof-nosample", "aioprof-sample", "aioprof-trace", "monitor"]
 PEERS = ["cprofile", "yappi", "pyinstrument", "viztracer"]
 LABELS = {"none": "none", "aioprof": "aioprof", "cprofile": "cProfile",
           "yappi": "yappi (wall)", "pyinstrument": "pyinstrument", "viztracer": "viztracer",
-          "aioprof-nosample": "aioprof, no sampling", "aioprof-trace": "aioprof + trace",
+          "aioprof-nosample": "aioprof, no sampling", "aioprof-sample": "aioprof, 1 ms sampling",
+          "aioprof-trace": "aioprof + trace",
           "monitor": "LoopMonitor only"}
 # Module each variant needs (checked in the target interpreter before running).
 VARIANT_MODULES = {"cprofile": "cProfile", "yappi": "yappi", "pyinstrument": "pyinstrument",
@@ -58,6 +59,11 @@ VARIANT_MODULES = {"cprofile": "cProfile", "yappi": "yappi", "pyinstrument": "py
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "8388608"}
 # Targets for --targets: aioprof's ratio to `none` on these workloads.
 TARGETS = {"switch": 1.15, "echo": 1.05}
+# What a feature adds, for --targets: (variant, against, workloads (None: all), limit) as
+# the ratio of the two variants' median ratios to `none`.
+ADDED_COST = [("aioprof-sample", "aioprof-nosample", None, 1.05),   # sampling at 1 ms
+              ("aioprof-trace", "aioprof-nosample", ["switch"], 1.25),
+              ("monitor", "none", ["echo"], 1.03)]
 AIOPROF_SMOKE = "import aioprof; aioprof.Profiler().start().stop()"
 
 
@@ -385,6 +391,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             else:
                 print(f"  {'PASS' if r <= limit else 'FAIL'} aioprof <= {limit:.2f}x on {w}: "
                       f"{r:.2f}x")
+        for v, base, only, limit in ADDED_COST:
+            for w in (only or workloads):
+                a = ratio_median.get(w, {}).get(v) if w in workloads else None
+                b = 1.0 if base == "none" else ratio_median.get(w, {}).get(base)
+                what = f"{LABELS[v]} adds <= {100 * (limit - 1):.0f}% to {LABELS[base]} on {w}"
+                if v not in variants or (base != "none" and base not in variants) or w not in workloads:
+                    print(f"  SKIP {what} (not run)")
+                elif a is None or b is None:
+                    print(f"  FAIL {what}: error")
+                else:
+                    print(f"  {'PASS' if a / b <= limit else 'FAIL'} {what}: {a / b:.3f}")
         peers = [v for v in variants if v in PEERS]
         if "aioprof" not in variants or not peers:
             print("  SKIP aioprof below every peer on every workload (aioprof or peers not run)")

@@ -79,9 +79,11 @@ class Profiler:
             proportion to their wall time (docs/design.md).
         slow_ms: milliseconds (float >= 0); a step or callback at least this long is
             recorded as a slow step.
-        interval: seconds (float >= 0) between samples of the running frames; 0 (the
-            default) means no sampling. Sampling takes the GIL from the loop threads and
-            has limits (docs/stacks.md): it is opt-in, e.g. interval=0.001.
+        interval: seconds (float >= 0) between samples of the running frames, e.g.
+            0.001; 0 (the default) means no sampling. The main thread's loop samples
+            itself (a pending call; on 3.10-3.12 also a real-time signal whose handler
+            stays installed); other threads' loops are sampled under the GIL
+            (docs/stacks.md).
         async_stacks: charge each suspension's idle time to the task's async call stack
             (the tasks awaiting it + its await chain), for the idle flame graph.
         trace: record a timeline (steps, scheduled and await intervals, ticks, selects,

@@ -40,7 +40,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -356,6 +356,15 @@ def starved(run: CaseRun, spin_cpu: float) -> List[str]:
     if net < 0.9 * spin_cpu:
         return [f"process CPU {net:.3f} s (beyond start-up) < 90% of {spin_cpu:g} s of spinning: CPU-starved"]
     return []
+
+
+def run_or_fail(shared_cases: Path, case: str, tmp_path_factory: Any, **kw: Any) -> "CaseRun":
+    """run_case() in a fresh temporary directory; fails the tests of the module (one line
+    of why and the program's stderr) when the program failed or wrote no report."""
+    r = run_case(shared_cases, case, tmp_path_factory.mktemp(f"case{case}"), **kw)
+    if r.returncode != 0 or r.doc is None:
+        pytest.fail(f"case {case} failed under aioprof ({r.mode}), exit {r.returncode}:\n{r.stderr}")
+    return r
 
 
 def printed(stdout: str, pattern: str, ranges: Sequence[Tuple[str, float, float]]) -> List[str]:

@@ -17,10 +17,7 @@ def tol(expected: float) -> float:
 
 @pytest.fixture(scope="module")
 def run(shared_cases, tmp_path_factory) -> H.CaseRun:
-    r = H.run_case(shared_cases, "02", tmp_path_factory.mktemp("case02"))
-    if r.returncode != 0 or r.doc is None:
-        pytest.fail(f"case 02 failed under aioprof ({r.mode}), exit {r.returncode}:\n{r.stderr}")
-    return r
+    return H.run_or_fail(shared_cases, "02", tmp_path_factory)
 
 
 def excess(run) -> float:

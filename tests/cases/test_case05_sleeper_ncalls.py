@@ -21,10 +21,7 @@ def noisy(run: H.CaseRun):
 
 @pytest.fixture(scope="module")
 def run(shared_cases, tmp_path_factory) -> H.CaseRun:
-    r = H.run_case(shared_cases, "05", tmp_path_factory.mktemp("case05"), noisy=noisy)
-    if r.returncode != 0 or r.doc is None:
-        pytest.fail(f"case 05 failed under aioprof ({r.mode}), exit {r.returncode}:\n{r.stderr}")
-    return r
+    return H.run_or_fail(shared_cases, "05", tmp_path_factory, noisy=noisy)
 
 
 def test_program_ran(run):

@@ -26,10 +26,7 @@ def noisy(run: H.CaseRun):
 
 @pytest.fixture(scope="module")
 def run(shared_cases, tmp_path_factory) -> H.CaseRun:
-    r = H.run_case(shared_cases, "06", tmp_path_factory.mktemp("case06"), noisy=noisy)
-    if r.returncode != 0 or r.doc is None:
-        pytest.fail(f"case 06 failed under aioprof ({r.mode}), exit {r.returncode}:\n{r.stderr}")
-    return r
+    return H.run_or_fail(shared_cases, "06", tmp_path_factory, noisy=noisy)
 
 
 def tasks(run):

@@ -29,10 +29,7 @@ def noisy(run: H.CaseRun):
 
 @pytest.fixture(scope="module")
 def run(shared_cases, tmp_path_factory) -> H.CaseRun:
-    r = H.run_case(shared_cases, "10", tmp_path_factory.mktemp("case10"), slow_ms=40, noisy=noisy)
-    if r.returncode != 0 or r.doc is None:
-        pytest.fail(f"case 10 failed under aioprof ({r.mode}), exit {r.returncode}:\n{r.stderr}")
-    return r
+    return H.run_or_fail(shared_cases, "10", tmp_path_factory, slow_ms=40, noisy=noisy)
 
 
 def tasks(run):

@@ -350,3 +350,108 @@ def test_option_values_reach_the_program_untouched(run_aioprof, tmp_path):
                         "--interval", "-3"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "['--flame', 'x', '--interval', '-3']\n"
+
+
+BURN = """\
+    import asyncio, threading, time
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+"""
+
+ALTERNATE = BURN + """\
+
+    async def work():
+        for _ in range(15):
+            burn(0.010)  # [A]
+            burn(0.010)  # [B]
+            await asyncio.sleep(0)
+
+    async def main():
+        await asyncio.gather(work(), work())
+
+    asyncio.run(main())
+"""
+
+
+def test_samples_follow_a_line_change_within_a_step(run_aioprof, tmp_path):
+    """10 ms at [A] then 10 ms at [B] in every step: the samples must split the time
+    evenly between the two lines. A sample taken late (after a GIL hand-over, up to
+    5 ms) charges the time to the wrong line; the main thread samples itself promptly
+    (docs/stacks.md)."""
+    prog = write(tmp_path / "alternate.py", ALTERNATE)
+    a, b = line_of(prog, "[A]"), line_of(prog, "[B]")
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "cpu"], prog))
+    at_a = sum(v for k, v in stacks.items() if f"work (alternate.py:{a});" in k)
+    at_b = sum(v for k, v in stacks.items() if f"work (alternate.py:{b});" in k)
+    assert at_a + at_b >= 0.5e6, stacks   # 2 x 15 x 20 ms = 0.6 s of burning
+    share = at_a / (at_a + at_b)
+    limit = 0.15 if SANITIZER else 0.05
+    assert abs(share - 0.5) <= limit, (share, at_a, at_b)
+
+
+SIGNALS_AND_READS = """\
+    import asyncio, ctypes, os, signal, threading, time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def raw_read(fd, n):
+        # libc's read() through ctypes: unlike os.read, nothing retries it on EINTR.
+        buf = ctypes.create_string_buffer(n)
+        got = libc.read(fd, buf, n)
+        return got, ctypes.get_errno() if got < 0 else 0
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        got = []
+        loop.add_signal_handler(signal.SIGUSR1, got.append, "usr1")   # sets the wakeup fd
+        r, w = os.pipe()
+        threading.Timer(0.15, os.write, (w, b"x" * 8)).start()
+        end = time.perf_counter() + 0.1
+        while time.perf_counter() < end:   # a busy step, sampled
+            pass
+        print("read", raw_read(r, 8))      # blocks ~50 ms in C, sampled meanwhile
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await asyncio.sleep(0.05)
+        print("handler", got)
+        loop.remove_signal_handler(signal.SIGUSR1)
+
+    asyncio.run(main())
+"""
+
+
+def test_sampling_leaves_the_programs_signals_and_reads_alone(run_aioprof, tmp_path):
+    """On 3.10-3.12 the main thread is sampled through a signal (docs/stacks.md): a read
+    in C code that does not retry on EINTR must not fail, the program's own signal
+    handlers and asyncio's wakeup fd keep working, and nothing is printed."""
+    prog = write(tmp_path / "signals.py", SIGNALS_AND_READS)
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "read (8, 0)\nhandler ['usr1']\n"
+    out = tmp_path / "out.txt"
+    proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "--interval", "1", "-o", out, prog],
+                       cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, plain.stdout, "")
+    stacks = folded(out.read_text(encoding="utf-8"))
+    assert sum(stacks.values()) >= 0.1e6, stacks   # the busy step and the read were sampled
+
+
+OTHER_THREAD = BURN + """\
+
+    async def worker():
+        burn(0.2)  # [burn]
+
+    t = threading.Thread(target=asyncio.run, args=(worker(),))
+    t.start()
+    t.join()
+"""
+
+
+def test_a_loop_in_another_thread_is_sampled(run_aioprof, tmp_path):
+    prog = write(tmp_path / "other.py", OTHER_THREAD)
+    line = line_of(prog, "[burn]")
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "cpu"], prog))
+    at = sum(v for k, v in stacks.items() if f"worker (other.py:{line});" in k)
+    assert 0.1e6 <= at <= 0.25e6, stacks

@@ -46,7 +46,14 @@ def hooked_methods() -> Dict[str, Any]:
         "Handle._run": asyncio.events.Handle.__dict__["_run"],
         "BaseEventLoop._call_soon": asyncio.base_events.BaseEventLoop.__dict__["_call_soon"],
         "BaseEventLoop._run_once": asyncio.base_events.BaseEventLoop.__dict__["_run_once"],
+        "BaseEventLoop.run_forever": asyncio.base_events.BaseEventLoop.__dict__["run_forever"],
     }
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    if uvloop is not None:   # uvloop.Loop (a Python subclass) gets its own call_soon
+        out["uvloop.Loop.call_soon"] = uvloop.Loop.__dict__.get("call_soon")
     for name in dir(selectors):
         cls = getattr(selectors, name)
         if isinstance(cls, type) and "select" in cls.__dict__:
@@ -1128,13 +1135,15 @@ def test_hooks_restored_after_stop() -> None:
 
     before = hooked_methods()
     classes_before = class_dicts()
-    assert all(isinstance(fn, types.FunctionType) for fn in before.values())
+    # (uvloop.Loop inherits call_soon from its Cython base: no entry of its own, None)
+    assert all(isinstance(fn, types.FunctionType) or (fn is None and key.startswith("uvloop."))
+               for key, fn in before.items())
     timer_has_run = "_run" in asyncio.events.TimerHandle.__dict__
     p = aioprof.Profiler().start()
     try:
         during = hooked_methods()
         for key in ("Handle._run", "BaseEventLoop._call_soon", "BaseEventLoop._run_once",
-                    "EpollSelector.select"):
+                    "BaseEventLoop.run_forever", "uvloop.Loop.call_soon", "EpollSelector.select"):
             if key in before:
                 assert during[key] is not before[key], f"{key} was not hooked"
         assert asyncio.run(_ok(5, 0.001)) == 5
@@ -1299,3 +1308,46 @@ def test_uvloop_after_asyncio_in_one_session() -> None:
     result, stats = both(program)
     assert result[0] == result[1]
     assert_seen(stats, "_ok", "producer")
+
+
+@pytest.mark.sanitize
+def test_program_own_call_soon_and_handle_class_are_used() -> None:
+    """aioprof does asyncio's own `_call_soon` in C (docs/performance.md), but a
+    `_call_soon` the program put in place before profiling, and an `asyncio.events.Handle`
+    class it swapped in, are still what runs."""
+    import asyncio.base_events
+    import asyncio.events
+
+    calls: List[int] = []
+    original = asyncio.base_events.BaseEventLoop._call_soon
+
+    def own_call_soon(self, callback, args, context):   # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(self, callback, args, context)
+
+    async def handle_types() -> List[str]:
+        loop = asyncio.get_running_loop()
+        made = [type(loop.call_soon(lambda: None)).__name__]
+        await asyncio.sleep(0)
+        return made
+
+    class OwnHandle(asyncio.events.Handle):
+        __slots__ = ()
+
+    asyncio.base_events.BaseEventLoop._call_soon = own_call_soon   # type: ignore[method-assign]
+    try:
+        result, stats = both(lambda: asyncio.run(_ok(7, 0.001)))
+        assert result == 7
+        plain = len(calls) // 2
+        assert plain > 0 and len(calls) == 2 * plain, calls   # as many calls under aioprof
+    finally:
+        asyncio.base_events.BaseEventLoop._call_soon = original   # type: ignore[method-assign]
+    assert_seen(stats, "_ok")
+
+    asyncio.events.Handle = OwnHandle   # type: ignore[misc]
+    try:
+        result, stats = both(lambda: asyncio.run(handle_types()))
+    finally:
+        asyncio.events.Handle = OwnHandle.__mro__[1]   # type: ignore[misc]
+    assert result == ["OwnHandle"]
+    assert_seen(stats, "handle_types")

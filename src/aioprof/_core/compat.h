@@ -30,6 +30,15 @@ static inline PyObject *ap_exc_value(ap_exc_state_t *s)
 }
 #endif
 
+/* Thread-locals read on every step: the initial-exec model makes a read one instruction
+ * instead of a __tls_get_addr call (a few words of the static TLS surplus that glibc
+ * keeps for dlopen'ed modules). */
+#if defined(__GNUC__) && defined(__linux__)
+#define AP_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+#else
+#define AP_TLS _Thread_local
+#endif
+
 /* Py_NewRef / Py_XNewRef: 3.10 has them; kept here should the floor move down. */
 
 /* The qualified name of a code object: co_qualname exists from 3.11; before that

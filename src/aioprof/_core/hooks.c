@@ -25,6 +25,9 @@ static struct {
     PyObject *handle_cls, *loop_cls, *sel_cls[N_SEL];     /* strong */
     PyObject *orig_run, *orig_call_soon, *orig_run_once, *orig_run_forever, *orig_select[N_SEL];
     PyObject *uv_loop_cls, *orig_uv_call_soon;   /* uvloop.Loop and its inherited call_soon */
+    PyObject *events_dict;   /* asyncio.events.__dict__, where _call_soon finds Handle */
+    PyObject *deque_type, *deque_append;   /* collections.deque and its append descriptor */
+    int fast_call_soon;      /* orig_call_soon is asyncio's own: do its work in C */
     PyTypeObject *uv_step_type;                  /* ap_uvstep_t, made once */
 } H;
 
@@ -47,8 +50,8 @@ static PyObject *own_attr(PyObject *cls, const char *name)
 /* The monitor of the loop whose tick runs in this thread. Observers are Python code
  * and may close monitors at any time, so the pointer is trusted only while no monitor
  * was closed since it was taken (ap_monitor_epoch). */
-static _Thread_local ap_monitor_t *tl_mon;
-static _Thread_local uint64_t tl_mon_epoch;
+static AP_TLS ap_monitor_t *tl_mon;
+static AP_TLS uint64_t tl_mon_epoch;
 
 static inline ap_monitor_t *tick_monitor(void)
 {
@@ -219,9 +222,63 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
 
 /* ------------------------------------------------------------------ BaseEventLoop._call_soon */
 
+static PyObject *str_Handle, *str_ready, *str_append;
+static ap_slot_t slot_source_tb;   /* Handle._source_traceback */
+
+/* asyncio's BaseEventLoop._call_soon, the same in 3.10-3.13, done in C:
+ *
+ *     handle = events.Handle(callback, args, self, context)
+ *     if handle._source_traceback:
+ *         del handle._source_traceback[-1]
+ *     self._ready.append(handle)
+ *     return handle
+ *
+ * It runs for every call_soon and every task wake-up; doing it here saves a call into
+ * Python per step (docs/performance.md). In debug mode (a source traceback was taken)
+ * the handle is dropped and the original makes it, so its traceback is the one the
+ * original takes. Only used when the saved original is asyncio's own (see install). */
+static PyObject *call_soon_fast(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (!H.fast_call_soon || nargs != 3 || kwnames)
+        return call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
+    PyObject *cls = PyDict_GetItemWithError(H.events_dict, str_Handle);
+    if (!cls)   /* asyncio.events.Handle deleted: let the original raise its error */
+        return PyErr_Occurred() ? NULL : call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
+    if (cls != H.handle_cls && !(PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls,
+                                                                        (PyTypeObject *)H.handle_cls)))
+        return call_orig(H.orig_call_soon, loop, args, nargs, kwnames);   /* a foreign Handle */
+    Py_INCREF(cls);
+    PyObject *argv[4] = {args[0], args[1], loop, args[2]};
+    PyObject *handle = PyObject_Vectorcall(cls, argv, 4, NULL);
+    Py_DECREF(cls);
+    if (!handle)
+        return NULL;
+    PyObject *tb = ap_slot_get(&slot_source_tb, handle);
+    if (tb && tb != Py_None) {
+        Py_DECREF(handle);   /* debug mode */
+        return call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
+    }
+    PyObject *ready = PyObject_GetAttr(loop, str_ready);
+    if (!ready) {
+        Py_DECREF(handle);
+        return NULL;
+    }
+    PyObject *margs[2] = {ready, handle};
+    PyObject *r = Py_IS_TYPE(ready, (PyTypeObject *)H.deque_type)
+                      ? PyObject_Vectorcall(H.deque_append, margs, 2, NULL)
+                      : PyObject_VectorcallMethod(str_append, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(ready);
+    if (!r) {
+        Py_DECREF(handle);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return handle;
+}
+
 static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *r = call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
+    PyObject *r = call_soon_fast(loop, args, nargs, kwnames);
     ap_session_t *s = ap_session;
     ap_thread_t *th;
     if (!r || nargs < 1 || !s || s->disabled || !(th = ap_thread_get(s)))
@@ -717,6 +774,74 @@ static PyObject *get_attr_path(const char *module, const char *attr)
 
 static void hooks_uninstall(void);
 
+/* The class in cls's MRO that defines `name` itself (the program may have put a subclass
+ * in asyncio.events.Handle); steals cls, returns a new reference or NULL. */
+static PyObject *defining_class(PyObject *cls, const char *name)
+{
+    if (!cls || !PyType_Check(cls)) {
+        if (cls)
+            PyErr_Format(PyExc_TypeError, "aioprof: %R is not a class", cls);
+        Py_XDECREF(cls);
+        return NULL;
+    }
+    PyObject *mro = ((PyTypeObject *)cls)->tp_mro, *found = NULL;
+    for (Py_ssize_t i = 0; mro && i < PyTuple_GET_SIZE(mro) && !found; i++) {
+        PyObject *base = PyTuple_GET_ITEM(mro, i), *attr = own_attr(base, name);
+        if (attr) {
+            Py_DECREF(attr);
+            found = Py_NewRef(base);
+        } else if (PyErr_ExceptionMatches(PyExc_KeyError)) {
+            PyErr_Clear();
+        } else {
+            break;
+        }
+    }
+    if (!found && !PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "aioprof: %R has no %s method", cls, name);
+    Py_DECREF(cls);
+    return found;
+}
+
+/* Whether the saved _call_soon is asyncio's own, whose work call_soon_fast does; not
+ * when the program (or another tool) put its own _call_soon there before we started. */
+static int fast_call_soon_init(void)
+{
+    H.fast_call_soon = 0;
+    if (!str_Handle && (!(str_Handle = PyUnicode_InternFromString("Handle")) ||
+                        !(str_ready = PyUnicode_InternFromString("_ready")) ||
+                        !(str_append = PyUnicode_InternFromString("append"))))
+        return -1;
+    if (ap_slot_init(&slot_source_tb, H.handle_cls, "_source_traceback") < 0)
+        return -1;
+    if (!H.deque_type) {
+        H.deque_type = get_attr_path("collections", "deque");
+        H.deque_append = H.deque_type ? PyObject_GetAttrString(H.deque_type, "append") : NULL;
+        if (!H.deque_append) {
+            Py_CLEAR(H.deque_type);
+            return -1;
+        }
+    }
+    if (!PyFunction_Check(H.orig_call_soon))
+        return 0;
+    PyObject *mod = PyFunction_GetModule(H.orig_call_soon);   /* borrowed */
+    PyObject *qual = PyObject_GetAttrString(H.orig_call_soon, "__qualname__");
+    int ours = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "asyncio.base_events") == 0 &&
+               qual && PyUnicode_Check(qual) &&
+               PyUnicode_CompareWithASCIIString(qual, "BaseEventLoop._call_soon") == 0;
+    Py_XDECREF(qual);
+    PyErr_Clear();
+    PyObject *events = ours ? PyDict_GetItemString(PyFunction_GetGlobals(H.orig_call_soon), "events") : NULL;
+    if (!events || !PyModule_Check(events))
+        return 0;
+    PyObject *dict = PyModule_GetDict(events);   /* borrowed */
+    if (PyDict_GetItemString(dict, "Handle") != H.handle_cls)
+        return 0;
+    Py_INCREF(dict);
+    Py_XSETREF(H.events_dict, dict);
+    H.fast_call_soon = 1;
+    return 0;
+}
+
 static int hooks_install(void)
 {
     if (H.installed) {
@@ -729,7 +854,7 @@ static int hooks_install(void)
         if (!str_when || !str_timeout)
             return -1;
     }
-    Py_XSETREF(H.handle_cls, get_attr_path("asyncio.events", "Handle"));
+    Py_XSETREF(H.handle_cls, defining_class(get_attr_path("asyncio.events", "Handle"), "_run"));
     Py_XSETREF(H.loop_cls, get_attr_path("asyncio.base_events", "BaseEventLoop"));
     if (!H.handle_cls || !H.loop_cls || ap_slot_init(&slot_callback, H.handle_cls, "_callback") < 0)
         goto error;
@@ -755,6 +880,8 @@ static int hooks_install(void)
         if (swap(cls, "select", &def_select, &H.orig_select[i]) < 0)
             goto error;
     }
+    if (fast_call_soon_init() < 0)
+        goto error;
     if (uv_install() < 0)
         goto error;
     H.installed = 1;

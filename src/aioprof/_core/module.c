@@ -12,8 +12,8 @@ static uint64_t last_gen;
 
 /* Each thread caches its record; the generation tells a record of an older session
  * (freed at its stop) from the current one. */
-static _Thread_local ap_thread_t *tl_thread;
-static _Thread_local uint64_t tl_gen;
+static AP_TLS ap_thread_t *tl_thread;
+static AP_TLS uint64_t tl_gen;
 
 void ap_fault(ap_session_t *s, const char *what)
 {
@@ -50,7 +50,7 @@ ap_thread_t *ap_thread_get(ap_session_t *s)
         return NULL;
     }
     th->ident = PyThread_get_thread_ident();
-    th->sampled = ap_sampler_on();
+    th->sampled = ap_sampler_mode(th->ident);
     th->tstate = PyThreadState_Get();
     th->cb = AP_NONE;
     th->cur_ready = -1;
@@ -144,6 +144,19 @@ done:
     return res;
 }
 
+/* package_dir(module), computed once per process and then shared by every session: a
+ * package does not move while the process runs. realpath() makes one lstat per path
+ * component, each releasing and re-taking the GIL; while other threads run busy event
+ * loops (each tick releases the GIL for an instant in select and takes it straight back),
+ * a thread that released the GIL can wait a long time to get it back (the GIL convoy
+ * effect), so start() must not release it a dozen times. New reference or NULL. */
+static PyObject *package_dir_once(const char *module, PyObject **cache)
+{
+    if (!*cache)
+        *cache = package_dir(module);
+    return Py_XNewRef(*cache);
+}
+
 static PyObject *task_types(void)
 {
     PyObject *tasks = PyImport_ImportModule("asyncio.tasks");
@@ -203,8 +216,9 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     s->sample_interval = interval;
     s->async_stacks = async_stacks;
     s->faults = PyList_New(0);
-    s->asyncio_dir = package_dir("asyncio");
-    s->aioprof_dir = s->asyncio_dir ? package_dir("aioprof") : NULL;
+    static PyObject *asyncio_dir, *aioprof_dir;   /* see package_dir_once */
+    s->asyncio_dir = package_dir_once("asyncio", &asyncio_dir);
+    s->aioprof_dir = s->asyncio_dir ? package_dir_once("aioprof", &aioprof_dir) : NULL;
     PyObject *asyncio = s->aioprof_dir ? PyImport_ImportModule("asyncio") : NULL;
     s->asyncio_all = asyncio ? PyObject_GetAttrString(asyncio, "__all__") : NULL;
     Py_XDECREF(asyncio);
@@ -225,7 +239,10 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
         session_free(s);
         return NULL;
     }
-    if (ap_sampler_start(s) < 0) {
+    PyObject *sig_handler = PyObject_GetAttrString(module, "_sample_signal");
+    int sampler = sig_handler ? ap_sampler_start(s, sig_handler) : -1;
+    Py_XDECREF(sig_handler);
+    if (sampler < 0) {
         ap_hooks_release();
         ap_session = NULL;
         session_free(s);
@@ -359,6 +376,8 @@ static PyMethodDef methods[] = {
      "sys.monitoring PY_START callback on the eager task factory (internal)."},
     {"_eager_end", (PyCFunction)(void (*)(void))ap_eager_end, METH_FASTCALL,
      "sys.monitoring PY_RETURN callback on the eager task factory (internal)."},
+    {"_sample_signal", (PyCFunction)(void (*)(void))ap_sample_signal, METH_FASTCALL,
+     "_sample_signal(signum, frame): the sampling signal's handler (internal; 3.10-3.12)."},
     {"_task_died", ap_task_died, METH_O, "weak-reference callback (internal)."},
     {"_loop_died", ap_loop_died, METH_O, "weak-reference callback (internal)."},
     {NULL, NULL, 0, NULL},

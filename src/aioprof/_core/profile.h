@@ -72,6 +72,7 @@ typedef struct {
 } ap_await_t;
 
 enum { AP_READY, AP_RUNNING, AP_SUSPENDED, AP_DONE };
+enum { AP_SAMPLE_GIL = 1, AP_SAMPLE_LOOP = 2 };   /* how a thread is sampled (stacks.c) */
 enum { AP_R_PENDING, AP_R_DONE, AP_R_CANCELLED, AP_R_FAILED };
 
 typedef struct ap_task {
@@ -176,7 +177,7 @@ typedef struct ap_thread {
     int depth;            /* nesting of handle runs (eager steps, manual _run) */
     ap_task_t *task;      /* task whose step runs now, or NULL */
     uint32_t cb;          /* callback running now (AP_NONE if none or a task step) */
-    int sampled;          /* the sampler runs: publish handle starts and ends */
+    int sampled;          /* 0, or how it is sampled (AP_SAMPLE_*): publish handle starts/ends */
     PyThreadState *tstate;   /* this thread's, for the sampler (valid while inside a handle) */
     ap_ns_t step_start;
     ap_ns_t handle_ns;       /* wall time inside handles so far (sampled threads) */
@@ -310,9 +311,11 @@ PyObject *ap_loop_died(PyObject *module, PyObject *wr);
 /* Charge a suspension's idle time to the task's async call stack (awaiters + chain). */
 void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_t chain, ap_ns_t idle);
 /* Start/stop the sampler thread (no-op when sampling is off). start: 0 or -1 with error. */
-int ap_sampler_start(ap_session_t *s);
+int ap_sampler_start(ap_session_t *s, PyObject *signal_handler);
 void ap_sampler_stop(void);
-int ap_sampler_on(void);
+/* How the thread `ident` is sampled: 0 (sampling off), AP_SAMPLE_GIL or AP_SAMPLE_LOOP. */
+int ap_sampler_mode(unsigned long ident);
+PyObject *ap_sample_signal(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* This thread begins (begin = 1) or ends (0) a handle at `now`: for the sampler. */
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin);
 /* Add frames/samples/idle_stacks/blocking to a snapshot dict; 0 or -1 with error. */

@@ -3,12 +3,13 @@
  * A stack is an interned sequence of frame indices, root first; a frame is a code
  * line, a task marker, a callback marker or the [asyncio] marker (docs/stacks.md).
  *
- * The sampler (below) is a C thread that touches Python only while holding the GIL,
- * to read the frames of the threads that are inside a handle. */
+ * The sampler (below) is a C thread; the main thread's loop is sampled by the main
+ * thread itself at the sampler's request, other threads' by the sampler under the GIL. */
 #define _POSIX_C_SOURCE 200809L
 #include "profile.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -250,52 +251,155 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
     /* Too deep: keep the innermost frames (where the time is), drop outer ones. */
     int keep = nleaf < MAX_STACK - n ? nleaf : MAX_STACK - n;
     for (int i = keep - 1; i >= 0; i--)
-        out[n++] = leaf[i];
+        out[n++] = leaf[i];   // cppcheck-suppress uninitvar ; keep <= nleaf, all set
     PyErr_Clear();
     return n ? stack_get(s, out, (uint32_t)n) : AP_NONE;
 }
 
 /* ------------------------------------------------------------------ the sampler */
 
-/* The sampler is a C thread. It sleeps one interval at a time without the GIL; when some
- * loop thread is inside a handle (S.busy > 0) it takes the GIL, which the running
- * thread hands over at its next switch point (at most sys.getswitchinterval() later,
- * sooner when it blocks in C), and reads that thread's frames with the public API.
- * A sample is weighted by the wall time since the thread's previous sample or the start
- * of its handle, whichever is later, so coarse or late samples still sum to the time
- * spent; a thread in select is never inside a handle, so select is never charged. */
+/* The sampler is a C thread that sleeps one interval at a time and never holds the GIL
+ * while it waits. How a sample is taken depends on the thread whose loop is inside a
+ * handle:
+ *
+ *  - The main thread is sampled by itself (AP_SAMPLE_LOOP), at the next point where
+ *    the interpreter checks for pending work: within microseconds in Python code.
+ *      3.13+: the sampler thread calls Py_AddPendingCall; the main thread runs the
+ *             callback. 3.10-3.12 compute the "eval breaker" in the calling thread, so
+ *             a pending call from another thread waits for the next GIL switch.
+ *      3.10-3.12: the sampler thread sends the main thread a real-time signal whose
+ *             Python-level handler is a C function (_core._sample_signal); Python's
+ *             own signal machinery calls it from the main thread. Installed with
+ *             SA_RESTART, so restartable system calls of foreign C code do not see
+ *             EINTR; Python retries the rest itself (PEP 475).
+ *  - Other threads (AP_SAMPLE_GIL) are sampled from the sampler thread, which takes
+ *    the GIL; the running thread hands it over at its next switch point (at most
+ *    sys.getswitchinterval() later, sooner when it blocks in C).
+ *
+ * A sample is weighted by the thread's handle time since its previous sample, so late
+ * or coarse samples still sum to the time spent; a thread in select is never inside a
+ * handle, so select is never charged. At most one loop-thread request is outstanding. */
 static struct {
     pthread_t thread;
     int started;
-    atomic_int busy;
-    atomic_ullong gen;   /* the running sampler's generation; bumped at stop */
+    atomic_int busy;           /* GIL-sampled threads inside a handle */
+    atomic_int main_busy;      /* the main thread is inside a handle */
+    atomic_int outstanding;    /* a main-thread sample was requested, not yet taken */
+    atomic_int queued;         /* our pending call is in the interpreter's queue */
+    atomic_ullong gen;         /* the running sampler's generation; bumped at stop */
     struct timespec interval;
-} S;
+    unsigned long main_ident;  /* PyThread ident (pthread_self) of the main thread */
+    int main_mode;             /* AP_SAMPLE_LOOP when the main thread samples itself */
+    int signum;                /* 3.10-3.12: the signal, 0 if none could be had */
+    pthread_mutex_t send_lock; /* a request is sent only by a sampler still current */
+} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* One sample of `th`, inside a handle, whose innermost frame is `frame` (a new
+ * reference, consumed). */
+static void sample_thread(ap_session_t *s, ap_thread_t *th, ap_ns_t now, PyFrameObject *frame)
+{
+    /* The sample stands for the handle time since the previous one, whichever handles
+     * ran meanwhile: over many samples each stack gets its share of busy time, and the
+     * samples sum to the busy time (up to the last interval). */
+    ap_ns_t busy = th->handle_ns + (now - th->step_start);
+    ap_ns_t weight = busy - th->sampled_ns;
+    th->sampled_ns = busy;
+    uint32_t st = running_stack(s, th, frame);
+    if (st == AP_NONE)
+        return;
+    s->stacks[st].samples++;
+    s->stacks[st].sample_ns += weight;
+    s->n_samples++;
+    if (s->slow_ns > 0 && now - th->step_start >= s->slow_ns && th->blocked_step != th->step_serial) {
+        th->blocked_step = th->step_serial;   /* one capture per slow step, while it runs */
+        s->stacks[st].blocking++;
+    }
+}
+
+/* The GIL-sampled threads inside a handle (sampler thread, GIL held). */
 static void sample_threads(ap_session_t *s)
 {
     ap_ns_t now = ap_clock_wall();
     for (ap_thread_t *th = s->threads; th; th = th->next) {
         /* Read with the GIL held: a thread inside a handle is alive, its tstate valid. */
-        if (th->depth == 0 || !th->tstate || th->step_start == 0)
-            continue;
-        /* The sample stands for the handle time since the previous one, whichever
-         * handles ran meanwhile: over many samples each stack gets its share of busy
-         * time, and the samples sum to the busy time (up to the last interval). */
-        ap_ns_t busy = th->handle_ns + (now - th->step_start);
-        ap_ns_t weight = busy - th->sampled_ns;
-        th->sampled_ns = busy;
-        uint32_t st = running_stack(s, th, PyThreadState_GetFrame(th->tstate));
-        if (st == AP_NONE)
-            continue;
-        s->stacks[st].samples++;
-        s->stacks[st].sample_ns += weight;
-        s->n_samples++;
-        if (s->slow_ns > 0 && now - th->step_start >= s->slow_ns && th->blocked_step != th->step_serial) {
-            th->blocked_step = th->step_serial;   /* one capture per slow step, while it runs */
-            s->stacks[st].blocking++;
+        if (th->sampled == AP_SAMPLE_GIL && th->depth > 0 && th->tstate && th->step_start != 0)
+            sample_thread(s, th, now, PyThreadState_GetFrame(th->tstate));
+    }
+}
+
+/* A main-thread sample, in the main thread with the GIL held; `frame` is borrowed or
+ * NULL (then the current frame). Never raises. */
+static void sample_main(unsigned long long gen, PyFrameObject *frame)
+{
+    if (!atomic_exchange(&S.outstanding, 0))
+        return;   /* the request was served already (by the pending call or the signal) */
+    ap_session_t *s = ap_session;
+    if (atomic_load(&S.gen) != gen || !s || s->disabled)
+        return;
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    ap_thread_t *th = ap_thread_get(s);
+    if (th && th->sampled == AP_SAMPLE_LOOP && th->depth > 0 && th->step_start != 0) {
+        if (!frame)
+            frame = ap_current_frame();
+        Py_XINCREF(frame);   /* consumed by sample_thread */
+        sample_thread(s, th, ap_clock_wall(), frame);
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "taking a sample");
+    ap_exc_restore(&exc);
+}
+
+static int sample_pending(void *arg)
+{
+    atomic_store(&S.queued, 0);
+    sample_main((unsigned long long)(uintptr_t)arg, NULL);
+    return 0;
+}
+
+/* _core._sample_signal(signum, frame): the Python-level handler of the sampling signal
+ * (3.10-3.12). Called by the interpreter in the main thread. */
+PyObject *ap_sample_signal(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *frame = nargs >= 2 ? args[1] : NULL;
+    sample_main(atomic_load(&S.gen), frame && PyFrame_Check(frame) ? (PyFrameObject *)frame : NULL);
+    Py_RETURN_NONE;
+}
+
+#define SIGNAL_AFTER_NS 100000   /* a pending call not served by then gets the signal */
+
+/* Ask the main thread for a sample (sampler thread, no GIL): a pending call first. On
+ * 3.10-3.12 the main thread notices it at its next GIL switch, which an I/O-bound loop
+ * makes at every select and socket call; if it is still not served SIGNAL_AFTER_NS
+ * later (Python code holding the GIL), the signal follows. A signal costs the loop
+ * thread more than a pending call (an interrupt, a signal frame, the handler's call). */
+static void request_main(unsigned long long gen)
+{
+    pthread_mutex_lock(&S.send_lock);
+    int sent = 0;
+    if (atomic_load(&S.gen) == gen && !atomic_load(&S.outstanding)) {
+        atomic_store(&S.outstanding, 1);
+        sent = 1;
+        /* One call queued at a time: while the main thread is blocked in C code, its
+         * call waits in the queue (which holds 32) and the signals take the samples. */
+        if (!atomic_load(&S.queued)) {
+            atomic_store(&S.queued, 1);
+            if (Py_AddPendingCall(sample_pending, (void *)(uintptr_t)gen) != 0) {
+                atomic_store(&S.queued, 0);
+                atomic_store(&S.outstanding, 0);   /* the queue is full: next interval */
+                sent = 0;
+            }
         }
     }
+    pthread_mutex_unlock(&S.send_lock);
+    if (!sent || !S.signum)
+        return;
+    struct timespec ts = {0, SIGNAL_AFTER_NS};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&S.send_lock);
+    if (atomic_load(&S.gen) == gen && atomic_load(&S.outstanding) && atomic_load(&S.main_busy) > 0)
+        pthread_kill((pthread_t)S.main_ident, S.signum);
+    pthread_mutex_unlock(&S.send_lock);
 }
 
 /* Sleep one interval in slices of at most 20 ms, so a stopped sampler leaves soon.
@@ -320,8 +424,10 @@ static void *sampler_main(void *arg)
 {
     unsigned long long gen = (unsigned long long)(uintptr_t)arg;
     while (sampler_sleep(gen)) {
+        if (S.main_mode && atomic_load_explicit(&S.main_busy, memory_order_relaxed) > 0)
+            request_main(gen);
         if (atomic_load_explicit(&S.busy, memory_order_relaxed) == 0)
-            continue;   /* every loop is between handles or in select: nothing to sample */
+            continue;   /* every other loop is between handles or in select */
         PyGILState_STATE g = PyGILState_Ensure();
         ap_session_t *s = ap_session;
         if (atomic_load(&S.gen) == gen && s && !s->disabled) {
@@ -337,13 +443,82 @@ static void *sampler_main(void *arg)
     return NULL;
 }
 
-int ap_sampler_start(ap_session_t *s)
+/* The main thread's ident, or 0 (no exception) when it cannot be had. */
+static unsigned long main_thread_ident(void)
+{
+    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+    PyObject *ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+    unsigned long r = ident && PyLong_Check(ident) ? PyLong_AsUnsignedLong(ident) : 0;
+    Py_XDECREF(ident);
+    Py_XDECREF(main);
+    Py_XDECREF(threading);
+    PyErr_Clear();
+    return r == (unsigned long)-1 ? 0 : r;
+}
+
+#if PY_VERSION_HEX < 0x030D0000
+/* 3.10-3.12: make `handler` the Python-level handler of a free real-time signal (one
+ * whose handler is the default) and add SA_RESTART to the C-level handler Python
+ * installed. Only from the main thread (signal.signal's rule). The handler stays
+ * installed after stop, as a no-op: a signal still in flight must never meet the
+ * default action (which ends the process). Returns the signal or 0. */
+static int sampling_signal(PyObject *handler)
+{
+    static int installed;
+    if (installed)
+        return installed;
+    if (PyThread_get_thread_ident() != S.main_ident)
+        return 0;
+    PyObject *mod = PyImport_ImportModule("signal");
+    if (!mod) {
+        PyErr_Clear();
+        return 0;
+    }
+    int got = 0;
+    for (int sig = SIGRTMAX - 2; sig >= SIGRTMAX - 6 && sig > SIGRTMIN && !got; sig--) {
+        PyObject *cur = PyObject_CallMethod(mod, "getsignal", "i", sig);
+        PyObject *dfl = PyObject_GetAttrString(mod, "SIG_DFL");
+        int free_sig = cur && dfl && cur == dfl;
+        Py_XDECREF(cur);
+        Py_XDECREF(dfl);
+        PyObject *r = free_sig ? PyObject_CallMethod(mod, "signal", "iO", sig, handler) : NULL;
+        if (r) {
+            Py_DECREF(r);
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = PyOS_getsig(sig);
+            sa.sa_flags = SA_RESTART | SA_ONSTACK;
+            sigemptyset(&sa.sa_mask);
+            sigaction(sig, &sa, NULL);
+            got = sig;
+        }
+        PyErr_Clear();
+    }
+    Py_DECREF(mod);
+    return installed = got;
+}
+#endif
+
+int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
 {
     if (!s->sample_interval)
         return 0;
     S.interval.tv_sec = (time_t)(s->sample_interval / 1000000000);
     S.interval.tv_nsec = (long)(s->sample_interval % 1000000000);
     atomic_store(&S.busy, 0);
+    atomic_store(&S.main_busy, 0);
+    atomic_store(&S.outstanding, 0);
+    atomic_store(&S.queued, 0);
+    S.main_ident = main_thread_ident();
+#if PY_VERSION_HEX >= 0x030D0000
+    (void)signal_handler;
+    S.signum = 0;   /* a pending call reaches the main thread at once */
+    S.main_mode = S.main_ident ? AP_SAMPLE_LOOP : 0;
+#else
+    S.signum = S.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
+    S.main_mode = S.signum ? AP_SAMPLE_LOOP : 0;
+#endif
     unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
     if (pthread_create(&S.thread, NULL, sampler_main, (void *)(uintptr_t)gen) != 0) {
         atomic_fetch_add(&S.gen, 1);
@@ -359,25 +534,31 @@ void ap_sampler_stop(void)
 {
     if (!S.started)
         return;
+    /* Under send_lock: once the generation moved, this sampler sends nothing more. */
+    pthread_mutex_lock(&S.send_lock);
     atomic_fetch_add(&S.gen, 1);   /* the sampler leaves at its next look; not waited for */
+    pthread_mutex_unlock(&S.send_lock);
     S.started = 0;
 }
 
-int ap_sampler_on(void)
+int ap_sampler_mode(unsigned long ident)
 {
-    return S.started;
+    if (!S.started)
+        return 0;
+    return S.main_mode && ident == S.main_ident ? S.main_mode : AP_SAMPLE_GIL;
 }
 
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin)
 {
+    atomic_int *busy = th->sampled == AP_SAMPLE_LOOP ? &S.main_busy : &S.busy;
     if (begin) {
         th->step_start = now;
         th->step_serial++;
-        atomic_fetch_add_explicit(&S.busy, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(busy, 1, memory_order_relaxed);
     } else {
         th->handle_ns += now - th->step_start;
         th->step_start = 0;
-        atomic_fetch_sub_explicit(&S.busy, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(busy, 1, memory_order_relaxed);
     }
 }
 

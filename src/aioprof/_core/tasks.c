@@ -153,8 +153,11 @@ static PyTypeObject *stepwrap_type;  /* C Task's TaskStepMethWrapper */
 static int is_task(ap_session_t *s, PyObject *obj)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(s->task_types);
+    for (Py_ssize_t i = 0; i < n; i++)   /* exact types first: the common case, no MRO walk */
+        if (Py_IS_TYPE(obj, (PyTypeObject *)PyTuple_GET_ITEM(s->task_types, i)))
+            return 1;
     for (Py_ssize_t i = 0; i < n; i++)
-        if (PyObject_TypeCheck(obj, (PyTypeObject *)PyTuple_GET_ITEM(s->task_types, i)))
+        if (PyType_IsSubtype(Py_TYPE(obj), (PyTypeObject *)PyTuple_GET_ITEM(s->task_types, i)))
             return 1;
     return 0;
 }
