@@ -14,6 +14,7 @@ import gc
 import os
 import subprocess
 import sys
+import traceback
 import warnings
 import weakref
 from pathlib import Path
@@ -291,7 +292,9 @@ def _propagated(make_exc: Callable[[], BaseException], main: Callable[[BaseExcep
         if p is not None:
             p.stop()
     assert got is exc, f"{exc!r} did not propagate unchanged: got {got!r}"
-    return (type(got), got.args, getattr(got, "code", None)), p
+    # the frames it went through (asyncio's own, with Handle._run, and the program's)
+    frames = [(f.filename, f.name) for f in traceback.extract_tb(got.__traceback__)]
+    return (type(got), got.args, getattr(got, "code", None), frames), p
 
 
 @pytest.mark.sanitize

@@ -19,6 +19,8 @@ static inline void ap_exc_save(ap_exc_state_t *s) { s->exc = PyErr_GetRaisedExce
 static inline void ap_exc_restore(ap_exc_state_t *s) { PyErr_SetRaisedException(s->exc); }
 /* The exception object of a saved state (borrowed), or NULL. */
 static inline PyObject *ap_exc_value(ap_exc_state_t *s) { return s->exc; }
+/* Drop a saved exception without raising it. */
+static inline void ap_exc_drop(ap_exc_state_t *s) { Py_CLEAR(s->exc); }
 #else
 typedef struct { PyObject *type, *value, *tb; } ap_exc_state_t;
 static inline void ap_exc_save(ap_exc_state_t *s) { PyErr_Fetch(&s->type, &s->value, &s->tb); }
@@ -27,6 +29,12 @@ static inline PyObject *ap_exc_value(ap_exc_state_t *s)
 {
     PyErr_NormalizeException(&s->type, &s->value, &s->tb);
     return s->value;
+}
+static inline void ap_exc_drop(ap_exc_state_t *s)
+{
+    Py_CLEAR(s->type);
+    Py_CLEAR(s->value);
+    Py_CLEAR(s->tb);
 }
 #endif
 

@@ -8,7 +8,9 @@
  *
  * Rules every hook follows:
  *  - the original is always called, exactly once, with the same arguments, and its
- *    result or exception is returned unchanged;
+ *    result or exception is returned unchanged; except that asyncio's own _call_soon and
+ *    Handle._run (the two calls of every step) are done in C, the latter calling its
+ *    original only when the callback raises (see run_handle, docs/design.md);
  *  - after the original returns, the session may have been stopped (by the code that
  *    just ran): compare the session and its generation before touching anything;
  *  - accounting never raises into the program: an error becomes a fault (ap_fault),
@@ -26,6 +28,8 @@ static struct {
     PyObject *orig_run, *orig_call_soon, *orig_run_once, *orig_run_forever, *orig_select[N_SEL];
     PyObject *uv_loop_cls, *orig_uv_call_soon;   /* uvloop.Loop and its inherited call_soon */
     PyObject *events_dict;   /* asyncio.events.__dict__, where _call_soon finds Handle */
+    int fast_run;            /* orig_run is asyncio's own: run_handle does its work in C */
+    PyTypeObject *replay_type;   /* ap_replay_t, made once */
     PyObject *deque_type, *deque_append;   /* collections.deque and its append descriptor */
     int fast_call_soon;      /* orig_call_soon is asyncio's own: do its work in C */
     PyTypeObject *uv_step_type;                  /* ap_uvstep_t, made once */
@@ -96,6 +100,160 @@ static inline int still_live(ap_session_t *s, uint64_t gen)
 
 /* ------------------------------------------------------------------ Handle._run */
 
+static ap_slot_t slot_context, slot_args, slot_source_tb;   /* Handle's _context, _args, _source_traceback */
+
+/* A stand-in for a handle's callback while an exception is replayed through the original
+ * Handle._run: called (by the handle's own context's run()), it puts the handle's
+ * callback and arguments back and raises the exception the callback raised. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *handle, *cb, *args;   /* strong; cb and args go back into the handle */
+    ap_exc_state_t exc;
+    int armed;
+} ap_replay_t;
+
+static void slot_set(const ap_slot_t *slot, PyObject *obj, PyObject *value)   /* steals value */
+{
+    PyObject **p = (PyObject **)((char *)obj + slot->offset);
+    PyObject *old = *p;
+    *p = value;
+    Py_XDECREF(old);
+}
+
+/* Give the handle its callback and arguments back (once). */
+static void replay_disarm(ap_replay_t *rp)
+{
+    if (!rp->armed)
+        return;
+    rp->armed = 0;
+    PyObject *cb = rp->cb, *args = rp->args;
+    rp->cb = rp->args = NULL;
+    slot_set(&slot_callback, rp->handle, cb);   /* drops the handle's reference to rp */
+    slot_set(&slot_args, rp->handle, args);
+}
+
+static PyObject *replay_call(PyObject *self, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kw))
+{
+    ap_replay_t *rp = (ap_replay_t *)self;
+    if (!rp->armed) {
+        PyErr_SetString(PyExc_RuntimeError, "aioprof: a replayed callback was called twice");
+        return NULL;
+    }
+    replay_disarm(rp);   /* the caller's arguments keep rp alive */
+    ap_exc_restore(&rp->exc);   /* gives the references to the interpreter */
+    memset(&rp->exc, 0, sizeof rp->exc);
+    return NULL;
+}
+
+static void replay_dealloc(PyObject *self)
+{
+    ap_replay_t *rp = (ap_replay_t *)self;
+    ap_exc_drop(&rp->exc);
+    Py_XDECREF(rp->handle);
+    Py_XDECREF(rp->cb);
+    Py_XDECREF(rp->args);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot replay_slots[] = {
+    {Py_tp_dealloc, replay_dealloc},
+    {Py_tp_call, replay_call},
+    {0, NULL},
+};
+
+static PyType_Spec replay_spec = {"aioprof._core.ReplayedCallback", sizeof(ap_replay_t), 0, Py_TPFLAGS_DEFAULT,
+                                  replay_slots};
+
+/* The callback raised (the exception is set): run the original Handle._run with the
+ * handle's callback swapped for one that puts it back and raises that exception again,
+ * inside the handle's own context. The original then does exactly what it does without
+ * aioprof: re-raise SystemExit and KeyboardInterrupt, or call the loop's exception
+ * handler with the same message, exception and handle (whose callback, arguments and
+ * context are its own again), and the traceback gets the `_run` frame it always has. */
+static PyObject *replay(PyObject *handle)
+{
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    ap_replay_t *rp = PyObject_New(ap_replay_t, H.replay_type);
+    if (rp) {
+        memset(&rp->exc, 0, sizeof rp->exc);
+        rp->handle = rp->cb = rp->args = NULL;
+        rp->armed = 0;
+    }
+    PyObject *empty = rp ? PyTuple_New(0) : NULL;
+    if (!empty) {
+        Py_XDECREF(rp);
+        ap_exc_drop(&exc);
+        return NULL;   /* out of memory: the callback's exception is lost to MemoryError */
+    }
+    rp->exc = exc;
+    rp->handle = Py_NewRef(handle);
+    rp->cb = Py_XNewRef(ap_slot_get(&slot_callback, handle));
+    rp->args = Py_XNewRef(ap_slot_get(&slot_args, handle));
+    rp->armed = 1;
+    slot_set(&slot_callback, handle, Py_NewRef((PyObject *)rp));
+    slot_set(&slot_args, handle, empty);
+    PyObject *r = PyObject_CallOneArg(H.orig_run, handle);
+    if (rp->armed) {   /* the original did not call it: leave the handle as it was */
+        ap_exc_state_t in_flight;
+        ap_exc_save(&in_flight);
+        replay_disarm(rp);
+        ap_exc_restore(&in_flight);
+    }
+    Py_DECREF(rp);
+    return r;
+}
+
+/* asyncio's Handle._run, the same in 3.10-3.13:
+ *
+ *     try:
+ *         self._context.run(self._callback, *self._args)
+ *     except (SystemExit, KeyboardInterrupt):
+ *         raise
+ *     except BaseException as exc:
+ *         ... self._loop.call_exception_handler({...})
+ *
+ * The try body is done here, in C (Context.run is PyContext_Enter, the call and
+ * PyContext_Exit); only when it raises does the original run, through replay(). A call
+ * into Python from C costs more than aioprof's whole bookkeeping of a step
+ * (docs/performance.md). The one difference a program can see: the stack inside a
+ * callback lacks the `Handle._run` frame (tracebacks of its exceptions still have it). */
+static PyObject *run_handle(PyObject *handle)
+{
+    PyObject *ctx, *cb, *args, *tb;
+    if (!H.fast_run || !(ctx = ap_slot_get(&slot_context, handle)) || !PyContext_CheckExact(ctx) ||
+        !(cb = ap_slot_get(&slot_callback, handle)) || !(args = ap_slot_get(&slot_args, handle)) ||
+        !PyTuple_CheckExact(args) || ((tb = ap_slot_get(&slot_source_tb, handle)) && tb != Py_None))
+        /* (in debug mode the frames of source tracebacks taken in a callback must be
+         * those of the original) */
+        return PyObject_CallOneArg(H.orig_run, handle);
+    /* The same references as the original's `*self._args` call holds: the callback and
+     * each argument once more (sys.getrefcount() in a callback reads the same). */
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    Py_INCREF(ctx);
+    Py_INCREF(cb);
+    Py_INCREF(args);
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_INCREF(PyTuple_GET_ITEM(args, i));
+    PyObject *r = NULL;
+    if (PyContext_Enter(ctx) == 0) {
+        r = PyObject_Vectorcall(cb, &PyTuple_GET_ITEM(args, 0), n, NULL);
+        if (PyContext_Exit(ctx) < 0)
+            Py_CLEAR(r);
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(PyTuple_GET_ITEM(args, i));
+    Py_DECREF(ctx);
+    Py_DECREF(cb);
+    Py_DECREF(args);
+    if (!r)
+        return replay(handle);
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
 static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
 {
     ap_session_t *s = ap_session;
@@ -106,13 +264,13 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
             ap_monitor_handle(m);
     }
     if (!s || s->disabled || !(th = ap_thread_get(s)))
-        return PyObject_CallOneArg(H.orig_run, handle);
+        return run_handle(handle);
     uint64_t gen = s->gen;
     if (th->depth > 0) {
         /* A handle run inside another (an eager task step, or user code calling
          * _run itself): its time is part of the outer handle. */
         th->depth++;
-        PyObject *r = PyObject_CallOneArg(H.orig_run, handle);
+        PyObject *r = run_handle(handle);
         if (still_live(s, gen))
             th->depth--;
         return r;
@@ -120,7 +278,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
 
     PyObject *cb = ap_slot_get(&slot_callback, handle);
     if (!cb)   /* unset: the original will raise its own AttributeError */
-        return PyObject_CallOneArg(H.orig_run, handle);
+        return run_handle(handle);
     Py_INCREF(cb);   /* the callback may clear the slot (cancel()) while it runs */
     ap_loop_t *l = th->loop;
     ap_ns_t now = ap_clock_wall(), ready = -1, wake_ready = -1;
@@ -168,7 +326,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     if (l && th->last_edge > 0 && now > th->last_edge)
         ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, l, now - th->last_edge}, now);
 
-    PyObject *r = PyObject_CallOneArg(H.orig_run, handle);
+    PyObject *r = run_handle(handle);
 
     if (!still_live(s, gen)) {
         Py_DECREF(cb);
@@ -223,7 +381,6 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
 /* ------------------------------------------------------------------ BaseEventLoop._call_soon */
 
 static PyObject *str_Handle, *str_ready, *str_append;
-static ap_slot_t slot_source_tb;   /* Handle._source_traceback */
 
 /* asyncio's BaseEventLoop._call_soon, the same in 3.10-3.13, done in C:
  *
@@ -237,30 +394,34 @@ static ap_slot_t slot_source_tb;   /* Handle._source_traceback */
  * Python per step (docs/performance.md). In debug mode (a source traceback was taken)
  * the handle is dropped and the original makes it, so its traceback is the one the
  * original takes. Only used when the saved original is asyncio's own (see install). */
-static PyObject *call_soon_fast(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *call_soon_fast(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                                const ap_thread_t *tick)
 {
     if (!H.fast_call_soon || nargs != 3 || kwnames)
         return call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
-    PyObject *cls = PyDict_GetItemWithError(H.events_dict, str_Handle);
+    /* Inside a tick of this loop, Handle and _ready as read at the tick's start. */
+    PyObject *cls = tick && tick->tick_handle_cls ? tick->tick_handle_cls
+                                                 : PyDict_GetItemWithError(H.events_dict, str_Handle);
     if (!cls)   /* asyncio.events.Handle deleted: let the original raise its error */
         return PyErr_Occurred() ? NULL : call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
     if (cls != H.handle_cls && !(PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls,
                                                                         (PyTypeObject *)H.handle_cls)))
         return call_orig(H.orig_call_soon, loop, args, nargs, kwnames);   /* a foreign Handle */
+    PyObject *ready = tick && tick->tick_ready ? Py_NewRef(tick->tick_ready) : PyObject_GetAttr(loop, str_ready);
+    if (!ready)
+        return NULL;
     Py_INCREF(cls);
     PyObject *argv[4] = {args[0], args[1], loop, args[2]};
     PyObject *handle = PyObject_Vectorcall(cls, argv, 4, NULL);
     Py_DECREF(cls);
-    if (!handle)
-        return NULL;
-    PyObject *tb = ap_slot_get(&slot_source_tb, handle);
-    if (tb && tb != Py_None) {
+    PyObject *tb = handle ? ap_slot_get(&slot_source_tb, handle) : NULL;
+    if (handle && tb && tb != Py_None) {
         Py_DECREF(handle);   /* debug mode */
+        Py_DECREF(ready);
         return call_orig(H.orig_call_soon, loop, args, nargs, kwnames);
     }
-    PyObject *ready = PyObject_GetAttr(loop, str_ready);
-    if (!ready) {
-        Py_DECREF(handle);
+    if (!handle) {
+        Py_DECREF(ready);
         return NULL;
     }
     PyObject *margs[2] = {ready, handle};
@@ -276,12 +437,38 @@ static PyObject *call_soon_fast(PyObject *loop, PyObject *const *args, Py_ssize_
     return handle;
 }
 
+/* At a tick's start: read what call_soon_fast needs once for the whole tick. A program
+ * that rebinds loop._ready or asyncio.events.Handle inside a tick is followed from the
+ * next tick on. Never raises. */
+static void tick_cache(ap_thread_t *th, PyObject *loop)
+{
+    th->tick_loop_obj = NULL;
+    Py_CLEAR(th->tick_ready);
+    Py_CLEAR(th->tick_handle_cls);
+    if (!H.fast_call_soon)
+        return;
+    th->tick_ready = PyObject_GetAttr(loop, str_ready);
+    th->tick_handle_cls = PyDict_GetItemWithError(H.events_dict, str_Handle);
+    Py_XINCREF(th->tick_handle_cls);
+    if (th->tick_ready && th->tick_handle_cls)
+        th->tick_loop_obj = loop;
+    PyErr_Clear();
+}
+
+static void tick_uncache(ap_thread_t *th)
+{
+    th->tick_loop_obj = NULL;
+    Py_CLEAR(th->tick_ready);
+    Py_CLEAR(th->tick_handle_cls);
+}
+
 static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *r = call_soon_fast(loop, args, nargs, kwnames);
     ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (!r || nargs < 1 || !s || s->disabled || !(th = ap_thread_get(s)))
+    ap_thread_t *th = s && !s->disabled ? ap_thread_get(s) : NULL;
+    uint64_t gen = s ? s->gen : 0;
+    PyObject *r = call_soon_fast(loop, args, nargs, kwnames, th && th->tick_loop_obj == loop ? th : NULL);
+    if (!r || nargs < 1 || !th || !still_live(s, gen))   /* Handle() may have run anything */
         return r;
     PyObject *task = ap_task_of_callback(s, args[0]);
     ap_task_t *t = task ? ap_task_find(s, task) : NULL;
@@ -336,6 +523,7 @@ static PyObject *hook_run_once(PyObject *loop, PyObject *Py_UNUSED(unused))
     }
     if (profile) {
         th->loop = l;
+        tick_cache(th, loop);
         th->tick_select = th->tick_capped = 0;
         th->tick_handles = 0;
         th->io_end = 0;
@@ -355,6 +543,7 @@ static PyObject *hook_run_once(PyObject *loop, PyObject *Py_UNUSED(unused))
             ap_trace_add(s, AP_EV_TICK, 0, ap_trace_where(s, l, th->ident), t0, t1, th->tick_handles);
         th->loop = prev;
         th->last_edge = 0;
+        tick_uncache(th);
         if (PyErr_Occurred())
             ap_fault(s, "accounting a tick");
     }
@@ -842,6 +1031,26 @@ static int fast_call_soon_init(void)
     return 0;
 }
 
+/* Whether the saved Handle._run is asyncio's own, whose try body run_handle does. */
+static int fast_run_init(void)
+{
+    H.fast_run = 0;
+    if (ap_slot_init(&slot_context, H.handle_cls, "_context") < 0 ||
+        ap_slot_init(&slot_args, H.handle_cls, "_args") < 0)
+        return -1;
+    if (!H.replay_type && !(H.replay_type = (PyTypeObject *)PyType_FromSpec(&replay_spec)))
+        return -1;
+    if (!PyFunction_Check(H.orig_run))
+        return 0;
+    PyObject *mod = PyFunction_GetModule(H.orig_run);   /* borrowed */
+    PyObject *qual = PyObject_GetAttrString(H.orig_run, "__qualname__");
+    H.fast_run = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "asyncio.events") == 0 &&
+                 qual && PyUnicode_Check(qual) && PyUnicode_CompareWithASCIIString(qual, "Handle._run") == 0;
+    Py_XDECREF(qual);
+    PyErr_Clear();
+    return 0;
+}
+
 static int hooks_install(void)
 {
     if (H.installed) {
@@ -880,7 +1089,7 @@ static int hooks_install(void)
         if (swap(cls, "select", &def_select, &H.orig_select[i]) < 0)
             goto error;
     }
-    if (fast_call_soon_init() < 0)
+    if (fast_call_soon_init() < 0 || fast_run_init() < 0)
         goto error;
     if (uv_install() < 0)
         goto error;

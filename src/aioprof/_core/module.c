@@ -95,6 +95,8 @@ static void session_free(ap_session_t *s)
     PyMem_RawFree(s->loops);
     while (s->threads) {
         ap_thread_t *next = s->threads->next;
+        Py_XDECREF(s->threads->tick_ready);
+        Py_XDECREF(s->threads->tick_handle_cls);
         PyMem_RawFree(s->threads);
         s->threads = next;
     }

@@ -194,6 +194,9 @@ typedef struct ap_thread {
     ap_ns_t tick_capped;  /* the same, each select capped at its timeout (for the load) */
     uint32_t tick_handles;
     ap_ns_t last_edge;    /* end of the last handle or select: loop overhead starts here */
+    /* Read once per tick for the C _call_soon (hooks.c): the ticking loop (borrowed),
+     * its _ready deque and asyncio.events.Handle (strong; NULL: look them up). */
+    PyObject *tick_loop_obj, *tick_ready, *tick_handle_cls;
     ap_ns_t win_wall, win_cpu;
     uint32_t n_pending;
     ap_cpu_item_t pending[AP_CPU_PENDING];
