@@ -437,9 +437,9 @@ static PyObject *call_soon_fast(PyObject *loop, PyObject *const *args, Py_ssize_
     return handle;
 }
 
-/* At a tick's start: read what call_soon_fast needs once for the whole tick. A program
- * that rebinds loop._ready or asyncio.events.Handle inside a tick is followed from the
- * next tick on. Never raises. */
+/* At a tick's first call_soon: read what call_soon_fast needs once for the rest of the
+ * tick. A program that rebinds loop._ready or asyncio.events.Handle inside a tick is
+ * followed from the next tick on. Never raises. */
 static void tick_cache(ap_thread_t *th, PyObject *loop)
 {
     th->tick_loop_obj = NULL;
@@ -467,6 +467,9 @@ static PyObject *hook_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_
     ap_session_t *s = ap_session;
     ap_thread_t *th = s && !s->disabled ? ap_thread_get(s) : NULL;
     uint64_t gen = s ? s->gen : 0;
+    /* Inside a tick of this loop: read Handle and _ready at its first call_soon. */
+    if (th && th->loop && th->loop->addr == (uintptr_t)loop && th->tick_loop_obj != loop && !th->tick_ready)
+        tick_cache(th, loop);
     PyObject *r = call_soon_fast(loop, args, nargs, kwnames, th && th->tick_loop_obj == loop ? th : NULL);
     if (!r || nargs < 1 || !th || !still_live(s, gen))   /* Handle() may have run anything */
         return r;
@@ -523,7 +526,6 @@ static PyObject *hook_run_once(PyObject *loop, PyObject *Py_UNUSED(unused))
     }
     if (profile) {
         th->loop = l;
-        tick_cache(th, loop);
         th->tick_select = th->tick_capped = 0;
         th->tick_handles = 0;
         th->io_end = 0;
