@@ -96,7 +96,7 @@ def _parser() -> _Parser:
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module as a script, like python -m (ends aioprof's options)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="write the report to FILE (UTF-8) instead of stderr")
+                   help="write the report to FILE (UTF-8) instead of stderr; - for stdout")
     p.add_argument("--format", choices=report.FORMATS, default="text",
                    help="text tables (default), the JSON document of docs/json.md, folded "
                         "stacks for flame graphs (collapsed) or Chrome trace-event JSON "
@@ -338,7 +338,10 @@ class _Session:
             self.profiler.stop()
             doc = self.profiler.stats()
         _flush(sys.stdout, sys.stderr)
-        file = self.out if self.out is not None else _stderr()
+        if self.opts.output == "-":
+            file = sys.stdout
+        else:
+            file = self.out if self.out is not None else _stderr()
         o = self.opts
         report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,
                      show_internal=o.show_internal, flame=o.flame)
@@ -386,7 +389,9 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
         program.find()
         program.set_path()
     out = None
-    if opts.output is not None:
+    if opts.output is not None and opts.output != "-":
+        if kind == "script" and os.path.exists(opts.output) and os.path.samefile(opts.output, program.path):
+            raise _Error(f"-o {opts.output!r} is the script itself; the report would overwrite it")
         try:
             out = open(opts.output, "w", encoding="utf-8")
         except OSError as e:

@@ -286,7 +286,7 @@ Noisy = Callable[["CaseRun"], List[str]]
 
 
 def run_case(cases_dir: Path, prefix: str, out_dir: Path, *, slow_ms: float = 100.0,
-             noisy: Optional[Noisy] = None, attempts: int = 3, timeout: float = 120.0) -> CaseRun:
+             noisy: Optional[Noisy] = None, attempts: int = 5, timeout: float = 120.0) -> CaseRun:
     """Run the case `prefix`_*.py of `cases_dir` under aioprof; again (up to `attempts`
     runs in all) while `noisy(run)` finds the program's own timings out of range. Never
     raises on a failed run (the tests check returncode and doc)."""

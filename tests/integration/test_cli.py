@@ -370,6 +370,7 @@ def test_threads_are_measured_to_their_end(tmp_path):
     ["-m"],
     [],
     ["--max-tasks", "10"],
+    ["-o", "prog.py", "prog.py"],  # the report would overwrite the script
 ])
 def test_bad_command_line(tmp_path, args):
     write(tmp_path / "prog.py", "open('ran', 'w').close()\n")
@@ -381,6 +382,17 @@ def test_bad_command_line(tmp_path, args):
     assert len(lines) == 1, lines
     assert lines[0].startswith("aioprof: error: ")
     assert not (tmp_path / "ran").exists()
+    assert (tmp_path / "prog.py").read_text() == "open('ran', 'w').close()\n"
+
+
+def test_report_to_stdout_with_dash(tmp_path):
+    prog = write(tmp_path / "prog.py", "print('from the program')\n")
+    prof = run(["--format", "json", "-o", "-", str(prog)], cwd=tmp_path, aioprof=[])
+    assert prof.returncode == 0 and prof.stderr == b""
+    first, rest = prof.stdout.decode().split("\n", 1)
+    assert first == "from the program"
+    assert json.loads(rest)["aioprof"] == 1
+    assert not (tmp_path / "-").exists()
 
 
 def test_version_and_help(tmp_path):

@@ -455,3 +455,94 @@ def test_a_loop_in_another_thread_is_sampled(run_aioprof, tmp_path):
     stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "cpu"], prog))
     at = sum(v for k, v in stacks.items() if f"worker (other.py:{line});" in k)
     assert 0.1e6 <= at <= 0.25e6, stacks
+
+
+TAKES_SIGNALS = """\
+    import asyncio, signal, sys, time
+
+    got = []
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sum(range(100))
+
+    async def main():
+        burn(0.05)   # sampled through aioprof's signal on 3.10-3.12
+        for s in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+            signal.signal(s, signal.SIG_DFL if sys.argv[1] == "default" else lambda n, f: got.append(n))
+        burn(0.2)    # a signal now would end the process, or reach the program's handler
+        await asyncio.sleep(0)
+        print("ok", len(got))
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how", ["default", "own"])
+def test_program_that_takes_the_sampling_signal_over(run_aioprof, tmp_path, how):
+    """The program sets every real-time signal, aioprof's included, to the default action
+    (which ends the process) or to its own handler: aioprof sends none from then on."""
+    prog = write(tmp_path / "takes.py", TAKES_SIGNALS)
+    out = tmp_path / "out.txt"
+    proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog, how], cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 0\n", "")
+    # The 50 ms before were sampled. After, on 3.10-3.12, only what a pending call can reach
+    # (docs/stacks.md): not this pure-Python burn; 3.13+ needs no signal at all.
+    sampled = sum(folded(out.read_text(encoding="utf-8")).values())
+    assert sampled >= (0.2e6 if sys.version_info >= (3, 13) else 0.04e6), sampled
+
+
+ASYNC_GEN = """\
+    import asyncio
+
+    async def ticks():
+        for i in range(3):
+            await asyncio.sleep(0.1)  # [wait]
+            yield i
+
+    async def main():
+        async for i in ticks():  # [for]
+            pass
+
+    asyncio.run(main())
+"""
+
+
+def test_waits_inside_an_async_generator_are_charged_to_its_line(run_aioprof, tmp_path):
+    """`async for` awaits the generator's asend object: the wait belongs to the line the
+    generator awaits at, under the `async for` line (idle flame and await sites)."""
+    prog = write(tmp_path / "agen.py", ASYNC_GEN)
+    wait, loop = line_of(prog, "[wait]"), line_of(prog, "[for]")
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "idle"], prog))
+    assert list(stacks) == [f"[task main];main (agen.py:{loop});ticks (agen.py:{wait})"], stacks
+    assert abs(sum(stacks.values()) / 1e6 - 0.3) <= 0.03
+    doc = json.loads(profile(run_aioprof, tmp_path, ["--format", "json"], prog))
+    [main] = [t for t in doc["tasks"] if t["coroutine"] == "main"]
+    [site] = main["await_sites"]
+    assert (site["line"], site["function"], site["count"]) == (wait, "ticks", 3)
+    assert [c["line"] for c in site["chain"]] == [loop, wait]
+
+
+WAIT_FOR = """\
+    import asyncio
+
+    async def inner():
+        await asyncio.sleep(0.2)  # [inner]
+
+    async def main():
+        await asyncio.wait_for(inner(), 1)  # [wait_for]
+
+    asyncio.run(main())
+"""
+
+
+def test_wait_for_inner_wait_is_under_its_awaiter(run_aioprof, tmp_path):
+    """3.10-3.11 run wait_for's awaitable as a task of its own, 3.12+ inline: either way
+    the inner wait is charged under main's wait_for line."""
+    prog = write(tmp_path / "wf.py", WAIT_FOR)
+    inner, outer = line_of(prog, "[inner]"), line_of(prog, "[wait_for]")
+    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "idle"], prog))
+    [leaf] = [k for k in stacks if k.endswith(f"inner (wf.py:{inner})")]
+    assert leaf.startswith(f"[task main];main (wf.py:{outer});"), stacks
+    assert abs(stacks[leaf] / 1e6 - 0.2) <= 0.03

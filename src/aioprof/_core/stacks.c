@@ -96,6 +96,17 @@ static PyObject *awaiter_of(ap_session_t *s, PyObject *fut, int depth)
             else
                 Py_XDECREF(parent);
             PyErr_Clear();
+        } else if (strcmp(Py_TYPE(cb)->tp_name, "functools.partial") == 0) {
+            /* wait_for (3.10-3.11): partial(_release_waiter, waiter), and the task of
+             * wait_for awaits the waiter future. */
+            PyObject *args = PyObject_GetAttrString(cb, "args");
+            for (Py_ssize_t j = 0; args && PyTuple_Check(args) && !found && j < PyTuple_GET_SIZE(args); j++) {
+                PyObject *v = PyTuple_GET_ITEM(args, j);
+                if (v != fut && is_future(v))
+                    found = awaiter_of(s, v, depth + 1);
+            }
+            Py_XDECREF(args);
+            PyErr_Clear();
         } else if (PyFunction_Check(cb)) {
             /* gather's and shield's callbacks close over the outer future. */
             PyObject *closure = PyFunction_GetClosure(cb);
@@ -368,15 +379,18 @@ PyObject *ap_sample_signal(PyObject *Py_UNUSED(module), PyObject *const *args, P
 
 #define SIGNAL_AFTER_NS 100000   /* a pending call not served by then gets the signal */
 
+static int signal_ok(int sig);
+
 /* Ask the main thread for a sample (sampler thread, no GIL): a pending call first. On
  * 3.10-3.12 the main thread notices it at its next GIL switch, which an I/O-bound loop
  * makes at every select and socket call; if it is still not served SIGNAL_AFTER_NS
- * later (Python code holding the GIL), the signal follows. A signal costs the loop
+ * later (Python code holding the GIL), or at the next interval (the request was made
+ * between two handles), the signal follows. A signal costs the loop
  * thread more than a pending call (an interrupt, a signal frame, the handler's call). */
 static void request_main(unsigned long long gen)
 {
     pthread_mutex_lock(&S.send_lock);
-    int sent = 0;
+    int sent = 0, stale = 0;
     if (atomic_load(&S.gen) == gen && !atomic_load(&S.outstanding)) {
         atomic_store(&S.outstanding, 1);
         sent = 1;
@@ -390,15 +404,25 @@ static void request_main(unsigned long long gen)
                 sent = 0;
             }
         }
+    } else if (atomic_load(&S.gen) == gen) {
+        stale = 1;   /* not served for a whole interval: the signal, now */
     }
     pthread_mutex_unlock(&S.send_lock);
-    if (!sent || !S.signum)
+    if (!S.signum || (!sent && !stale))
         return;
-    struct timespec ts = {0, SIGNAL_AFTER_NS};
-    nanosleep(&ts, NULL);
+    if (sent) {
+        struct timespec ts = {0, SIGNAL_AFTER_NS};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_lock(&S.send_lock);
-    if (atomic_load(&S.gen) == gen && atomic_load(&S.outstanding) && atomic_load(&S.main_busy) > 0)
-        pthread_kill((pthread_t)S.main_ident, S.signum);
+    if (atomic_load(&S.gen) == gen && atomic_load(&S.outstanding) && atomic_load(&S.main_busy) > 0) {
+        /* Never a signal the program has taken over (its handler would run, or the
+         * default action end the process): from then on, pending calls only. */
+        if (signal_ok(S.signum))
+            pthread_kill((pthread_t)S.main_ident, S.signum);
+        else
+            S.signum = 0;
+    }
     pthread_mutex_unlock(&S.send_lock);
 }
 
@@ -463,11 +487,32 @@ static unsigned long main_thread_ident(void)
  * installed. Only from the main thread (signal.signal's rule). The handler stays
  * installed after stop, as a no-op: a signal still in flight must never meet the
  * default action (which ends the process). Returns the signal or 0. */
+static PyOS_sighandler_t py_c_handler;   /* Python's C-level signal handler */
+
+/* The C-level handler of the sampling signal: Python's own, called through this
+ * function so that the sampler can tell, with sigaction() and without the GIL, whether
+ * the program has since set the signal to something else (signal.signal() puts
+ * Python's handler back in place of this one). */
+static void sampling_trampoline(int sig)
+{
+    if (py_c_handler)
+        py_c_handler(sig);
+}
+
+/* Whether `sig` still goes to aioprof (any thread, no GIL: sigaction is async-signal-safe). */
+static int signal_still_ours(int sig)
+{
+    struct sigaction cur;
+    return sig > 0 && sigaction(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+           cur.sa_handler == sampling_trampoline;
+}
+
 static int sampling_signal(PyObject *handler)
 {
     static int installed;
-    if (installed)
+    if (installed && signal_still_ours(installed))
         return installed;
+    installed = 0;   /* none yet, or the program took ours over: find another free one */
     if (PyThread_get_thread_ident() != S.main_ident)
         return 0;
     PyObject *mod = PyImport_ImportModule("signal");
@@ -487,7 +532,8 @@ static int sampling_signal(PyObject *handler)
             Py_DECREF(r);
             struct sigaction sa;
             memset(&sa, 0, sizeof sa);
-            sa.sa_handler = PyOS_getsig(sig);
+            py_c_handler = PyOS_getsig(sig);
+            sa.sa_handler = sampling_trampoline;
             sa.sa_flags = SA_RESTART | SA_ONSTACK;
             sigemptyset(&sa.sa_mask);
             sigaction(sig, &sa, NULL);
@@ -499,6 +545,16 @@ static int sampling_signal(PyObject *handler)
     return installed = got;
 }
 #endif
+
+static int signal_ok(int sig)
+{
+#if PY_VERSION_HEX < 0x030D0000
+    return signal_still_ours(sig);
+#else
+    (void)sig;
+    return 0;
+#endif
+}
 
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
 {

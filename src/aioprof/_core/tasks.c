@@ -468,25 +468,31 @@ int ap_frame_line(ap_session_t *s, PyFrameObject *f, PyObject *code)
     return line;
 }
 
-static PyObject *str_cr_code, *str_gi_code, *str_cr_frame, *str_gi_frame, *str_cr_await, *str_gi_yieldfrom;
+/* The kinds of frame holders an await chain goes through, and their attributes. */
+enum { K_CORO, K_GEN, K_ASYNCGEN, K_NKINDS };
+static const char *const attr_names[K_NKINDS][3] = {
+    {"cr_code", "cr_frame", "cr_await"},
+    {"gi_code", "gi_frame", "gi_yieldfrom"},
+    {"ag_code", "ag_frame", "ag_await"},
+};
+static PyObject *attr[K_NKINDS][3];   /* interned: [kind][code, frame, awaited] */
 
 static int intern_names(void)
 {
-    if (str_cr_code)
+    if (attr[0][0])
         return 0;
-    str_cr_code = PyUnicode_InternFromString("cr_code");
-    str_gi_code = PyUnicode_InternFromString("gi_code");
-    str_cr_frame = PyUnicode_InternFromString("cr_frame");
-    str_gi_frame = PyUnicode_InternFromString("gi_frame");
-    str_cr_await = PyUnicode_InternFromString("cr_await");
-    str_gi_yieldfrom = PyUnicode_InternFromString("gi_yieldfrom");
-    return str_cr_code && str_gi_code && str_cr_frame && str_gi_frame && str_cr_await && str_gi_yieldfrom ? 0 : -1;
+    for (int k = 0; k < K_NKINDS; k++)
+        for (int a = 0; a < 3; a++)
+            if (!(attr[k][a] = PyUnicode_InternFromString(attr_names[k][a])))
+                return -1;
+    return 0;
 }
 
-/* The site of the frame `obj` (a coroutine or generator) is suspended at. */
-static uint32_t suspended_site(ap_session_t *s, PyObject *obj, PyObject *code, int is_coro)
+/* The site of the frame `obj` (a coroutine, generator or async generator of kind `k`)
+ * is suspended at. */
+static uint32_t suspended_site(ap_session_t *s, PyObject *obj, PyObject *code, int k)
 {
-    PyObject *frame = PyObject_GetAttr(obj, is_coro ? str_cr_frame : str_gi_frame);
+    PyObject *frame = PyObject_GetAttr(obj, attr[k][1]);
     if (!frame)
         return AP_NONE;
     uint32_t site = AP_NONE;
@@ -496,23 +502,58 @@ static uint32_t suspended_site(ap_session_t *s, PyObject *obj, PyObject *code, i
     return site;
 }
 
+static int find_asyncgen(PyObject *obj, void *found)
+{
+    if (obj && PyAsyncGen_CheckExact(obj)) {
+        *(PyObject **)found = obj;
+        return 1;   /* stop */
+    }
+    return 0;
+}
+
+/* `async for` awaits an async generator's asend/athrow object, which does not show its
+ * generator as an attribute; its tp_traverse visits it (as gc.get_referents() does).
+ * Returns the generator (new reference) or NULL. */
+static PyObject *asyncgen_of_awaitable(PyObject *obj)
+{
+    static PyTypeObject *asend_type, *athrow_type;
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp != asend_type && tp != athrow_type) {
+        if (strcmp(tp->tp_name, "async_generator_asend") == 0)
+            asend_type = tp;
+        else if (strcmp(tp->tp_name, "async_generator_athrow") == 0)
+            athrow_type = tp;
+        else
+            return NULL;
+    }
+    PyObject *found = NULL;
+    if (tp->tp_traverse)
+        tp->tp_traverse(obj, find_asyncgen, &found);
+    return Py_XNewRef(found);
+}
+
 /* Walk the await chain of `coro` (outermost first) into out[]; frames in asyncio's
  * own package are dropped unless nothing else is left. Their code is read through
- * cr_code, which is cheap; only the kept frames' lines are computed. Returns the
- * count, -1 on error. */
+ * cr_code, which is cheap; only the kept frames' lines are computed. Async generators
+ * driven by `async for` are followed into. Returns the count, -1 on error. */
 static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
 {
     if (intern_names() < 0)
         return -1;
     int n = 0;
     PyObject *last_asyncio = NULL, *last_asyncio_code = NULL;
-    int last_is_coro = 0;
+    int last_kind = K_CORO;
     PyObject *cur = Py_NewRef(coro);
     for (int depth = 0; cur && cur != Py_None && depth < 256; depth++) {
-        int is_coro = PyCoro_CheckExact(cur);
-        if (!is_coro && !PyGen_Check(cur))
-            break;   /* a Future or another awaitable: the chain ends here */
-        PyObject *code = PyObject_GetAttr(cur, is_coro ? str_cr_code : str_gi_code);
+        int k = PyCoro_CheckExact(cur) ? K_CORO : PyGen_Check(cur) ? K_GEN : PyAsyncGen_CheckExact(cur) ? K_ASYNCGEN : -1;
+        if (k < 0) {
+            PyObject *gen = asyncgen_of_awaitable(cur);
+            if (!gen)
+                break;   /* a Future or another awaitable: the chain ends here */
+            Py_SETREF(cur, gen);
+            k = K_ASYNCGEN;
+        }
+        PyObject *code = PyObject_GetAttr(cur, attr[k][0]);
         if (!code)
             goto error;
         uint32_t c = ap_code_get(s, code);
@@ -523,9 +564,9 @@ static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
         if (s->codes[c].is_asyncio) {
             Py_XSETREF(last_asyncio, Py_NewRef(cur));
             Py_XSETREF(last_asyncio_code, code);
-            last_is_coro = is_coro;
+            last_kind = k;
         } else {
-            uint32_t site = suspended_site(s, cur, code, is_coro);
+            uint32_t site = suspended_site(s, cur, code, k);
             Py_DECREF(code);
             if (site != AP_NONE) {
                 /* Too long: keep the innermost AP_MAX_CHAIN lines, the await site last. */
@@ -538,14 +579,14 @@ static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
                 goto error;
             }
         }
-        PyObject *next = PyObject_GetAttr(cur, is_coro ? str_cr_await : str_gi_yieldfrom);
+        PyObject *next = PyObject_GetAttr(cur, attr[k][2]);
         if (!next)
             goto error;
         Py_SETREF(cur, next);
     }
     Py_XDECREF(cur);
     if (n == 0 && last_asyncio) {
-        uint32_t site = suspended_site(s, last_asyncio, last_asyncio_code, last_is_coro);
+        uint32_t site = suspended_site(s, last_asyncio, last_asyncio_code, last_kind);
         if (site != AP_NONE)
             out[n++] = site;
     }
