@@ -590,7 +590,7 @@ class _Renderer:
         if get("thread") is not None:
             name += f", thread {get('thread')}"
         if get("destroyed"):
-            name += ", garbage-collected"
+            name += ", ended"   # the loop object is gone (closed and collected)
         groups: List[List[str]] = [[], [], [], []]
 
         def add(group: int, label: str, value: Any, fmt: Callable[[Any], str],
