@@ -993,6 +993,21 @@ static PyObject *defining_class(PyObject *cls, const char *name)
     return found;
 }
 
+/* Whether `fn` is the Python function `qualname` of asyncio's module `module` (not a
+ * wrapper the program or another tool put in its place). Never raises. */
+static int is_asyncio_function(PyObject *fn, const char *module, const char *qualname)
+{
+    if (!PyFunction_Check(fn))
+        return 0;
+    PyObject *mod = PyFunction_GetModule(fn);   /* borrowed */
+    PyObject *qual = PyObject_GetAttrString(fn, "__qualname__");
+    int ours = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, module) == 0 && qual &&
+               PyUnicode_Check(qual) && PyUnicode_CompareWithASCIIString(qual, qualname) == 0;
+    Py_XDECREF(qual);
+    PyErr_Clear();
+    return ours;
+}
+
 /* Whether the saved _call_soon is asyncio's own, whose work call_soon_fast does; not
  * when the program (or another tool) put its own _call_soon there before we started. */
 static int fast_call_soon_init(void)
@@ -1012,16 +1027,9 @@ static int fast_call_soon_init(void)
             return -1;
         }
     }
-    if (!PyFunction_Check(H.orig_call_soon))
+    if (!is_asyncio_function(H.orig_call_soon, "asyncio.base_events", "BaseEventLoop._call_soon"))
         return 0;
-    PyObject *mod = PyFunction_GetModule(H.orig_call_soon);   /* borrowed */
-    PyObject *qual = PyObject_GetAttrString(H.orig_call_soon, "__qualname__");
-    int ours = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "asyncio.base_events") == 0 &&
-               qual && PyUnicode_Check(qual) &&
-               PyUnicode_CompareWithASCIIString(qual, "BaseEventLoop._call_soon") == 0;
-    Py_XDECREF(qual);
-    PyErr_Clear();
-    PyObject *events = ours ? PyDict_GetItemString(PyFunction_GetGlobals(H.orig_call_soon), "events") : NULL;
+    PyObject *events = PyDict_GetItemString(PyFunction_GetGlobals(H.orig_call_soon), "events");
     if (!events || !PyModule_Check(events))
         return 0;
     PyObject *dict = PyModule_GetDict(events);   /* borrowed */
@@ -1042,14 +1050,7 @@ static int fast_run_init(void)
         return -1;
     if (!H.replay_type && !(H.replay_type = (PyTypeObject *)PyType_FromSpec(&replay_spec)))
         return -1;
-    if (!PyFunction_Check(H.orig_run))
-        return 0;
-    PyObject *mod = PyFunction_GetModule(H.orig_run);   /* borrowed */
-    PyObject *qual = PyObject_GetAttrString(H.orig_run, "__qualname__");
-    H.fast_run = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "asyncio.events") == 0 &&
-                 qual && PyUnicode_Check(qual) && PyUnicode_CompareWithASCIIString(qual, "Handle._run") == 0;
-    Py_XDECREF(qual);
-    PyErr_Clear();
+    H.fast_run = is_asyncio_function(H.orig_run, "asyncio.events", "Handle._run");
     return 0;
 }
 

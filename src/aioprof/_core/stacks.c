@@ -379,7 +379,29 @@ PyObject *ap_sample_signal(PyObject *Py_UNUSED(module), PyObject *const *args, P
 
 #define SIGNAL_AFTER_NS 100000   /* a pending call not served by then gets the signal */
 
-static int signal_ok(int sig);
+#if PY_VERSION_HEX < 0x030D0000
+static PyOS_sighandler_t py_c_handler;   /* Python's C-level signal handler */
+
+/* The C-level handler of the sampling signal: Python's own, called through this
+ * function so that the sampler can tell, with sigaction() and without the GIL, whether
+ * the program has since set the signal to something else (signal.signal() puts
+ * Python's handler back in place of this one). */
+static void sampling_trampoline(int sig)
+{
+    if (py_c_handler)
+        py_c_handler(sig);
+}
+
+/* Whether `sig` still goes to aioprof (any thread, no GIL: sigaction is async-signal-safe). */
+static int signal_still_ours(int sig)
+{
+    struct sigaction cur;
+    return sig > 0 && sigaction(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+           cur.sa_handler == sampling_trampoline;
+}
+#else
+static int signal_still_ours(int Py_UNUSED(sig)) { return 0; }   /* no signal on 3.13+ */
+#endif
 
 /* Ask the main thread for a sample (sampler thread, no GIL): a pending call first. On
  * 3.10-3.12 the main thread notices it at its next GIL switch, which an I/O-bound loop
@@ -418,7 +440,7 @@ static void request_main(unsigned long long gen)
     if (atomic_load(&S.gen) == gen && atomic_load(&S.outstanding) && atomic_load(&S.main_busy) > 0) {
         /* Never a signal the program has taken over (its handler would run, or the
          * default action end the process): from then on, pending calls only. */
-        if (signal_ok(S.signum))
+        if (signal_still_ours(S.signum))
             pthread_kill((pthread_t)S.main_ident, S.signum);
         else
             S.signum = 0;
@@ -487,26 +509,6 @@ static unsigned long main_thread_ident(void)
  * installed. Only from the main thread (signal.signal's rule). The handler stays
  * installed after stop, as a no-op: a signal still in flight must never meet the
  * default action (which ends the process). Returns the signal or 0. */
-static PyOS_sighandler_t py_c_handler;   /* Python's C-level signal handler */
-
-/* The C-level handler of the sampling signal: Python's own, called through this
- * function so that the sampler can tell, with sigaction() and without the GIL, whether
- * the program has since set the signal to something else (signal.signal() puts
- * Python's handler back in place of this one). */
-static void sampling_trampoline(int sig)
-{
-    if (py_c_handler)
-        py_c_handler(sig);
-}
-
-/* Whether `sig` still goes to aioprof (any thread, no GIL: sigaction is async-signal-safe). */
-static int signal_still_ours(int sig)
-{
-    struct sigaction cur;
-    return sig > 0 && sigaction(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
-           cur.sa_handler == sampling_trampoline;
-}
-
 static int sampling_signal(PyObject *handler)
 {
     static int installed;
@@ -545,16 +547,6 @@ static int sampling_signal(PyObject *handler)
     return installed = got;
 }
 #endif
-
-static int signal_ok(int sig)
-{
-#if PY_VERSION_HEX < 0x030D0000
-    return signal_still_ours(sig);
-#else
-    (void)sig;
-    return 0;
-#endif
-}
 
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
 {
