@@ -493,6 +493,89 @@ def test_program_that_takes_the_sampling_signal_over(run_aioprof, tmp_path, how)
     assert sampled >= (0.2e6 if sys.version_info >= (3, 13) else 0.04e6), sampled
 
 
+TAKEOVER_STORM = """\
+    import _signal, asyncio, signal, sys, time
+    import aioprof
+
+    got = []
+    GUARDED, ORIGINAL = signal.signal, _signal.signal
+    RT = range(signal.SIGRTMIN, signal.SIGRTMAX + 1)
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sum(range(100))
+
+    async def cycle(own):
+        assert (_signal.signal is ORIGINAL) == (sys.version_info >= (3, 13)), "guarded, 3.10-3.12"
+        burn(0.004)
+        for s in RT:   # aioprof's signal among them, while the sampler sends it every 50 us
+            signal.signal(s, own)
+        burn(0.001)
+        for s in RT:
+            signal.signal(s, signal.SIG_DFL)
+
+    own = signal.SIG_DFL if sys.argv[1] == "default" else (lambda n, f: got.append(n))
+    for _ in range(int(sys.argv[2])):
+        with aioprof.Profiler(interval=0.00005):
+            asyncio.run(cycle(own))
+        assert signal.signal is GUARDED and _signal.signal is ORIGINAL, "put back at stop"
+    print("ok", len(got))
+"""
+
+
+@pytest.mark.parametrize("how", ["default", "own"])
+def test_taking_the_signal_over_never_meets_a_signal_in_flight(tmp_path, how):
+    """The program takes aioprof's signal over while the sampler sends it every 50 us,
+    200 times; _signal.signal is guarded while sampling and put back at each stop. Before the guard on _signal.signal, a signal the sampler had sent just
+    before the change (its check passed, the main thread then inside signal.signal) met
+    the program's handler about once in 300 takeovers, or ended the process."""
+    prog = write(tmp_path / "storm.py", TAKEOVER_STORM)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(aioprof.__file__).parent.parent)] + [os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(prog), how, "200"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 0\n", "")
+
+
+GUARD = """\
+    import _signal, asyncio, signal, sys, time
+    from aioprof import _core
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sum(range(100))
+
+    async def main():
+        [ours] = [s for s in range(1, signal.NSIG) if signal.getsignal(s) is _core._sample_signal]
+        assert signal.signal.__module__ == "signal" and "aioprof" in _signal.signal.__doc__
+        try:
+            signal.signal(ours, 42)   # fails: the signal stays aioprof's, and in use
+        except TypeError as e:
+            print("TypeError", e)
+        burn(0.2)   # [burn] pure Python: sampled only through the signal on 3.10-3.12
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13+ samples with no signal")
+def test_a_failed_change_of_the_signal_keeps_it_in_use(run_aioprof, tmp_path):
+    """While the sampler signals, _signal.signal is aioprof's guard (signal.signal itself
+    is untouched); a signal.signal call that fails leaves the signal aioprof's, and the
+    sampler goes on sending it."""
+    prog = write(tmp_path / "guard.py", GUARD)
+    out = tmp_path / "out.txt"
+    proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog], cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("TypeError ") and proc.stdout.count("\n") == 1, proc.stdout
+    burn = line_of(prog, "[burn]")
+    stacks = folded(out.read_text(encoding="utf-8"))
+    in_burn = sum(v for k, v in stacks.items() if f"(guard.py:{burn})" in k)
+    assert in_burn >= 0.15e6, stacks
+
+
 ASYNC_GEN = """\
     import asyncio
 

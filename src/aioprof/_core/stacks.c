@@ -301,7 +301,7 @@ static struct {
     struct timespec interval;
     unsigned long main_ident;  /* PyThread ident (pthread_self) of the main thread */
     int main_mode;             /* AP_SAMPLE_LOOP when the main thread samples itself */
-    int signum;                /* 3.10-3.12: the signal, 0 if none could be had */
+    atomic_int signum;         /* 3.10-3.12: the signal, 0 if none could be had or held */
     pthread_mutex_t send_lock; /* a request is sent only by a sampler still current */
 } S = {.send_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -430,7 +430,7 @@ static void request_main(unsigned long long gen)
         stale = 1;   /* not served for a whole interval: the signal, now */
     }
     pthread_mutex_unlock(&S.send_lock);
-    if (!S.signum || (!sent && !stale))
+    if (!atomic_load(&S.signum) || (!sent && !stale))
         return;
     if (sent) {
         struct timespec ts = {0, SIGNAL_AFTER_NS};
@@ -440,10 +440,11 @@ static void request_main(unsigned long long gen)
     if (atomic_load(&S.gen) == gen && atomic_load(&S.outstanding) && atomic_load(&S.main_busy) > 0) {
         /* Never a signal the program has taken over (its handler would run, or the
          * default action end the process): from then on, pending calls only. */
-        if (signal_still_ours(S.signum))
-            pthread_kill((pthread_t)S.main_ident, S.signum);
+        int sig = atomic_load(&S.signum);
+        if (sig && signal_still_ours(sig))
+            pthread_kill((pthread_t)S.main_ident, sig);
         else
-            S.signum = 0;
+            atomic_store(&S.signum, 0);
     }
     pthread_mutex_unlock(&S.send_lock);
 }
@@ -546,6 +547,104 @@ static int sampling_signal(PyObject *handler)
     Py_DECREF(mod);
     return installed = got;
 }
+
+/* The guard on _signal.signal (3.10-3.12). The sampler checks that the signal is still
+ * aioprof's before each pthread_kill, but the program can take it over between the
+ * check and the kill, or while a signal sent just before waits to be delivered (the
+ * main thread inside sigaction): the program's handler would get it, or SIG_DFL end
+ * the process. So while the sampler signals, _signal.signal (which signal.signal calls)
+ * is this guard: before the original changes aioprof's signal, the sampler stops
+ * sending it, under the lock it sends with, and a signal sent before is delivered to
+ * aioprof's handler at the return of a system call; the original's check of pending
+ * signals then runs that handler. Sending resumes if the signal is still aioprof's
+ * afterwards (the call failed). Not guarded: sigaction() called from C. */
+static PyObject *guard_func;       /* the guard, made once */
+static PyObject *guarded_signal;   /* _signal.signal as first found */
+
+/* Main thread, GIL held. Whether `signum` is the signal the sampler sends: then it sends
+ * no more, and any signal already sent has been handled by the trampoline. */
+static int signal_hold(PyObject *signum)
+{
+    if (!S.started || PyThread_get_thread_ident() != S.main_ident || !PyLong_Check(signum))
+        return 0;
+    int overflow;
+    long n = PyLong_AsLongAndOverflow(signum, &overflow);
+    pthread_mutex_lock(&S.send_lock);
+    int sig = atomic_load(&S.signum);
+    if (sig && n == sig)
+        atomic_store(&S.signum, 0);
+    else
+        sig = 0;
+    pthread_mutex_unlock(&S.send_lock);
+    if (sig) {
+        sigset_t pending;
+        sigpending(&pending);   /* the kernel delivers signals already sent on its return */
+    }
+    return sig;
+}
+
+static void signal_resume(int sig)
+{
+    pthread_mutex_lock(&S.send_lock);
+    if (S.started && !atomic_load(&S.signum) && signal_still_ours(sig))
+        atomic_store(&S.signum, sig);
+    pthread_mutex_unlock(&S.send_lock);
+}
+
+static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames)
+{
+    int held = PyVectorcall_NARGS(nargsf) >= 1 ? signal_hold(args[0]) : 0;
+    PyObject *r = PyObject_Vectorcall(guarded_signal, args, nargsf, kwnames);
+    if (held)
+        signal_resume(held);
+    return r;
+}
+
+static PyMethodDef guard_def = {
+    "signal", (PyCFunction)(void (*)(void))signal_guard, METH_FASTCALL | METH_KEYWORDS,
+    "signal($module, signalnum, handler, /)\n--\n\n"
+    "_signal.signal, guarded by aioprof while its sampler signals the main thread: the\n"
+    "sampler stops sending its signal before the signal is changed (docs/stacks.md)."};
+
+/* Put the guard in place of _signal.signal, unless something else already replaced it.
+ * Main thread, GIL held. Returns 0, or -1 with an exception. */
+static int signal_guard_install(void)
+{
+    PyObject *mod = PyImport_ImportModule("_signal");
+    PyObject *cur = mod ? PyObject_GetAttrString(mod, "signal") : NULL;
+    int rc = cur ? 0 : -1;
+    if (cur && !guarded_signal)
+        guarded_signal = Py_NewRef(cur);
+    if (cur && !guard_func)
+        guard_func = PyCFunction_NewEx(&guard_def, NULL, NULL);
+    if (cur && !guard_func)
+        rc = -1;
+    else if (cur && cur == guarded_signal)
+        rc = PyObject_SetAttrString(mod, "signal", guard_func);
+    Py_XDECREF(cur);
+    Py_XDECREF(mod);
+    return rc;
+}
+
+/* Put _signal.signal back, if the guard is still there (any thread, GIL held). */
+static void signal_guard_remove(void)
+{
+    if (!guard_func)
+        return;
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    PyObject *mod = PyImport_ImportModule("_signal");
+    PyObject *cur = mod ? PyObject_GetAttrString(mod, "signal") : NULL;
+    if (cur && cur == guard_func && PyObject_SetAttrString(mod, "signal", guarded_signal) < 0)
+        PyErr_WriteUnraisable(NULL);
+    Py_XDECREF(cur);
+    Py_XDECREF(mod);
+    PyErr_Clear();
+    ap_exc_restore(&exc);
+}
+#else
+static void signal_guard_remove(void) {}   /* 3.13+ sends no signal */
 #endif
 
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
@@ -561,11 +660,16 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     S.main_ident = main_thread_ident();
 #if PY_VERSION_HEX >= 0x030D0000
     (void)signal_handler;
-    S.signum = 0;   /* a pending call reaches the main thread at once */
+    atomic_store(&S.signum, 0);   /* a pending call reaches the main thread at once */
     S.main_mode = S.main_ident ? AP_SAMPLE_LOOP : 0;
 #else
-    S.signum = S.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
-    S.main_mode = S.signum ? AP_SAMPLE_LOOP : 0;
+    int sig = S.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
+    if (sig && signal_guard_install() < 0) {
+        PyErr_Clear();   /* unguarded, the signal is not sent: the GIL sampler instead */
+        sig = 0;
+    }
+    atomic_store(&S.signum, sig);
+    S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
 #endif
     unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
     if (pthread_create(&S.thread, NULL, sampler_main, (void *)(uintptr_t)gen) != 0) {
@@ -587,6 +691,7 @@ void ap_sampler_stop(void)
     atomic_fetch_add(&S.gen, 1);   /* the sampler leaves at its next look; not waited for */
     pthread_mutex_unlock(&S.send_lock);
     S.started = 0;
+    signal_guard_remove();
 }
 
 int ap_sampler_mode(unsigned long ident)
