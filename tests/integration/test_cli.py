@@ -278,8 +278,11 @@ def test_real_sigint_exits_like_python_and_writes_the_report(tmp_path):
     results = []
     for extra in (None, ["-o", str(out), "--format", "json"]):
         cmd = [sys.executable] + (["-m", "aioprof", *extra] if extra else []) + ["prog.py"]
+        # SIGINT at its default in the child: a harness run in the background (or under
+        # nohup-like tools) ignores SIGINT, and its children inherit that.
         with subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) as proc:
+                              stderr=subprocess.PIPE,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:
             assert proc.stdout is not None
             assert proc.stdout.readline() == b"ready\n"
             proc.send_signal(signal.SIGINT)

@@ -93,7 +93,10 @@ def test_cpu_flame_splits_time_3_to_1(run_aioprof, tmp_path):
     stacks = folded(out.read_text(encoding="utf-8"))
     total = sum(stacks.values()) / 1e6
     # The samples cover the steps: the burn, and a little more for the rest of the run.
-    assert burned - 0.02 <= total <= burned * 1.05 + 0.02, (total, burned, stacks)
+    # 50 ms either way: on a loaded machine the sampler thread can be kept off the CPU
+    # at the end of the burn (a tail no later sample carries), or the steps after it
+    # can be stretched.
+    assert burned - 0.05 <= total <= burned * 1.05 + 0.05, (total, burned, stacks)
     heavy = sum(v for k, v in stacks.items() if "heavy (split.py:9)" in k)
     light = sum(v for k, v in stacks.items() if "light (split.py:12)" in k)
     assert heavy + light >= 0.9 * sum(stacks.values())
