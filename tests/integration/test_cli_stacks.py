@@ -541,6 +541,100 @@ def test_taking_the_signal_over_never_meets_a_signal_in_flight(tmp_path, how):
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 0\n", "")
 
 
+PAUSE = """\
+    import asyncio, signal
+
+    async def main():
+        signal.signal(signal.SIGALRM, lambda s, f: print("alarm"))
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        signal.pause()  # [pause] returns after the first handled signal
+        print("after pause")
+
+    asyncio.run(main())
+"""
+
+
+def test_signal_pause_in_a_step_is_not_woken_by_the_sampler(run_aioprof, tmp_path):
+    """A main thread blocked in a system call is not running Python, so it is not sent
+    the sampling signal (3.10-3.12): signal.pause() would return after it. The blocked
+    time is sampled at the line that blocks when the call returns, as on 3.13+."""
+    prog = write(tmp_path / "pause.py", PAUSE)
+    out = tmp_path / "out.txt"
+    proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog], cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "alarm\nafter pause\n", "")
+    line = line_of(prog, "[pause]")
+    stacks = folded(out.read_text(encoding="utf-8"))
+    # Under the pause line: there, or in the SIGALRM handler Python runs on its return.
+    at_pause = sum(v for k, v in stacks.items() if f";main (pause.py:{line})" in k)
+    assert abs(at_pause / 1e6 - 0.3) <= 0.03, stacks
+
+
+SIGNAL_PROGRAMS = {
+    # All signals blocked during a pure-Python step, then every handler reset to the
+    # default and the mask restored: a sampling signal left pending would end the process.
+    "blocked": """\
+        import asyncio, signal, time
+        def spin(t):
+            e = time.perf_counter() + t
+            while time.perf_counter() < e:
+                pass
+        async def main():
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            spin(0.3)
+            print(sorted(int(s) for s in signal.sigpending()))
+            print(signal.sigtimedwait(signal.valid_signals(), 0))
+            for s in signal.valid_signals():
+                try:
+                    signal.signal(s, signal.SIG_DFL)
+                except (OSError, ValueError, RuntimeError):
+                    pass
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            print("ok")
+        asyncio.run(main())
+    """,
+    # A forked child changes a signal while the parent's sampler may hold its lock
+    # (subprocess's preexec_fn): the child must not wait on that lock.
+    "fork": """\
+        import asyncio, signal, subprocess, time
+        def spin(t):
+            e = time.perf_counter() + t
+            while time.perf_counter() < e:
+                pass
+        async def main():
+            for i in range(150):
+                spin(0.002)
+                subprocess.run(["true"], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            print("done")
+        asyncio.run(main())
+    """,
+    # asyncio's wakeup fd (loop.add_signal_handler) and a long pure-Python step: each
+    # signal writes a byte to the self-pipe, which a step signalled at every interval
+    # fills (then Python prints a warning per signal on stderr).
+    "wakeup": """\
+        import asyncio, signal, time
+        async def main():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, print)
+            e = time.perf_counter() + 2.0
+            while time.perf_counter() < e:
+                pass
+            print("ok")
+        asyncio.run(main())
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNAL_PROGRAMS))
+def test_signal_using_programs_behave_as_without_aioprof(run_aioprof, tmp_path, name):
+    """Programs that block signals, fork, or use a signal wakeup fd, sampled every 50 us:
+    the same stdout, stderr and exit code as without aioprof."""
+    prog = write(tmp_path / f"{name}.py", SIGNAL_PROGRAMS[name])
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    proc = run_aioprof(["--interval", "0.05", "-o", tmp_path / "out.txt", prog], cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, plain.stdout, "")
+
+
 GUARD = """\
     import _signal, asyncio, signal, sys, time
     from aioprof import _core

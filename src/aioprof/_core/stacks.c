@@ -8,11 +8,15 @@
 #define _POSIX_C_SOURCE 200809L
 #include "profile.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_STACK 128
 #define MAX_AWAITERS 8
@@ -278,7 +282,8 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
  *      3.13+: the sampler thread calls Py_AddPendingCall; the main thread runs the
  *             callback. 3.10-3.12 compute the "eval breaker" in the calling thread, so
  *             a pending call from another thread waits for the next GIL switch.
- *      3.10-3.12: the sampler thread sends the main thread a real-time signal whose
+ *      3.10-3.12: when the main thread is running (its CPU clock advances) and has
+ *             not served the pending call, the sampler sends it a real-time signal whose
  *             Python-level handler is a C function (_core._sample_signal); Python's
  *             own signal machinery calls it from the main thread. Installed with
  *             SA_RESTART, so restartable system calls of foreign C code do not see
@@ -302,8 +307,14 @@ static struct {
     unsigned long main_ident;  /* PyThread ident (pthread_self) of the main thread */
     int main_mode;             /* AP_SAMPLE_LOOP when the main thread samples itself */
     atomic_int signum;         /* 3.10-3.12: the signal, 0 if none could be had or held */
+    clockid_t main_cpu;        /* the main thread's CPU-time clock (3.10-3.12) */
+    int has_main_cpu;
+    ap_ns_t probe_wall, probe_cpu; /* sampler thread only: when main_running last looked */
+    int main_status_fd;        /* the main thread's /proc status (3.10-3.12), or -1 */
+    atomic_int step_signals;   /* signals sent during the main thread's current step */
+    unsigned skipped;          /* sampler thread only: intervals since the last signal */
     pthread_mutex_t send_lock; /* a request is sent only by a sampler still current */
-} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER};
+} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER, .main_status_fd = -1};
 
 /* One sample of `th`, inside a handle, whose innermost frame is `frame` (a new
  * reference, consumed). */
@@ -392,6 +403,29 @@ static void sampling_trampoline(int sig)
         py_c_handler(sig);
 }
 
+/* Whether the main thread has `sig` blocked or already pending, from its /proc status
+ * (sampler thread). A blocked signal would queue (real-time signals queue, one per
+ * send), show in the program's sigpending() and sigwait(), and meet whatever the
+ * disposition is when it is unblocked. Unknown counts as neither. */
+static int main_blocks_or_has(int sig)
+{
+    char buf[4096];
+    if (S.main_status_fd < 0)
+        return 0;
+    ssize_t n = pread(S.main_status_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    unsigned long long bit = 1ULL << (sig - 1), mask;
+    const char *keys[] = {"\nSigPnd:", "\nShdPnd:", "\nSigBlk:"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const char *at = strstr(buf, keys[i]);
+        if (at && sscanf(at + strlen(keys[i]), "%llx", &mask) == 1 && (mask & bit))
+            return 1;
+    }
+    return 0;
+}
+
 /* Whether `sig` still goes to aioprof (any thread, no GIL: sigaction is async-signal-safe). */
 static int signal_still_ours(int sig)
 {
@@ -401,7 +435,55 @@ static int signal_still_ours(int sig)
 }
 #else
 static int signal_still_ours(int Py_UNUSED(sig)) { return 0; }   /* no signal on 3.13+ */
+static int main_blocks_or_has(int Py_UNUSED(sig)) { return 0; }
 #endif
+
+/* The main thread's CPU time, or -1. */
+static ap_ns_t main_cpu_now(void)
+{
+    struct timespec ts;
+    if (!S.has_main_cpu || clock_gettime(S.main_cpu, &ts) != 0)
+        return -1;
+    return (ap_ns_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Start watching whether the main thread runs (sampler thread). */
+static void main_probe(void)
+{
+    S.probe_wall = ap_clock_wall();
+    S.probe_cpu = main_cpu_now();
+}
+
+/* Whether the main thread ran on a CPU for at least a quarter of the time since the
+ * last probe (sampler thread): Python code that holds the GIL needs the signal; a
+ * thread blocked in a system call (time.sleep, signal.pause, a read) does not, and must
+ * not get it: signal.pause() returns after any handled signal, and C code that does not
+ * retry sees EINTR. A blocked step's pending call is served when the call returns (the
+ * main thread re-takes the GIL and then looks for pending calls), with the weight of
+ * the whole wait. Unknown CPU time counts as running. */
+static int main_running(void)
+{
+    ap_ns_t wall0 = S.probe_wall, cpu0 = S.probe_cpu;
+    main_probe();
+    if (cpu0 < 0 || S.probe_cpu < 0)
+        return 1;
+    return (S.probe_cpu - cpu0) * 4 >= S.probe_wall - wall0;
+}
+
+/* Whether a signal may go now (sampler thread). Python writes each signal's number to
+ * the signal wakeup fd, if one is set (asyncio's self-pipe after loop.add_signal_handler,
+ * which aiohttp's run_app uses), and the loop drains it only between ticks: a long
+ * pure-Python step signalled every millisecond fills it (about 230 one-byte writes on an
+ * AF_UNIX socket), and Python then prints a warning on stderr for every signal. So the
+ * signals of one step thin out: every interval for the first 16, then every 2nd for 16,
+ * every 4th, ... (at 1 ms a 1 s step gets about 100, a 100 s step about 200). Samples
+ * stay weighted by the time since the previous one, so they still sum to the step. */
+static int signal_due(void)
+{
+    int level = atomic_load_explicit(&S.step_signals, memory_order_relaxed) / 16;
+    unsigned every = 1u << (level < 16 ? level : 16);
+    return ++S.skipped % every == 0;
+}
 
 /* Ask the main thread for a sample (sampler thread, no GIL): a pending call first. On
  * 3.10-3.12 the main thread notices it at its next GIL switch, which an I/O-bound loop
@@ -433,18 +515,23 @@ static void request_main(unsigned long long gen)
     if (!atomic_load(&S.signum) || (!sent && !stale))
         return;
     if (sent) {
+        main_probe();
         struct timespec ts = {0, SIGNAL_AFTER_NS};
         nanosleep(&ts, NULL);
     }
+    if (!main_running())
+        return;   /* blocked: its pending call is served when the call returns */
     pthread_mutex_lock(&S.send_lock);
     if (atomic_load(&S.gen) == gen && atomic_load(&S.outstanding) && atomic_load(&S.main_busy) > 0) {
         /* Never a signal the program has taken over (its handler would run, or the
          * default action end the process): from then on, pending calls only. */
         int sig = atomic_load(&S.signum);
-        if (sig && signal_still_ours(sig))
-            pthread_kill((pthread_t)S.main_ident, sig);
-        else
+        if (!sig || !signal_still_ours(sig))
             atomic_store(&S.signum, 0);
+        else if (signal_due() && !main_blocks_or_has(sig)) {
+            pthread_kill((pthread_t)S.main_ident, sig);
+            atomic_fetch_add_explicit(&S.step_signals, 1, memory_order_relaxed);
+        }
     }
     pthread_mutex_unlock(&S.send_lock);
 }
@@ -577,8 +664,16 @@ static int signal_hold(PyObject *signum)
         sig = 0;
     pthread_mutex_unlock(&S.send_lock);
     if (sig) {
-        sigset_t pending;
-        sigpending(&pending);   /* the kernel delivers signals already sent on its return */
+        /* The kernel delivers a signal already sent at the return of this system call;
+         * one still pending is blocked in this thread: take it, or it would meet the new
+         * disposition once unblocked. */
+        sigset_t pending, one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        struct timespec zero = {0, 0};
+        while (sigpending(&pending) == 0 && sigismember(&pending, sig) == 1 &&
+               sigtimedwait(&one, NULL, &zero) == sig) {
+        }
     }
     return sig;
 }
@@ -647,8 +742,28 @@ static void signal_guard_remove(void)
 static void signal_guard_remove(void) {}   /* 3.13+ sends no signal */
 #endif
 
+/* fork(): the child has no sampler thread, and the lock the sampler sends with must not
+ * be copied held (signal.signal in the child, e.g. a subprocess preexec_fn, would wait on
+ * it forever). The child's sampler counts as stopped. */
+static void fork_prepare(void) { pthread_mutex_lock(&S.send_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&S.send_lock); }
+static void fork_child(void)
+{
+    pthread_mutex_init(&S.send_lock, NULL);
+    atomic_fetch_add(&S.gen, 1);
+    atomic_store(&S.signum, 0);
+    S.started = 0;
+    S.main_mode = 0;
+    if (S.main_status_fd >= 0)
+        close(S.main_status_fd);   /* the parent's main thread */
+    S.main_status_fd = -1;
+}
+
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
 {
+    static int atfork;
+    if (!atfork && pthread_atfork(fork_prepare, fork_parent, fork_child) == 0)
+        atfork = 1;
     if (!s->sample_interval)
         return 0;
     S.interval.tv_sec = (time_t)(s->sample_interval / 1000000000);
@@ -658,6 +773,9 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     atomic_store(&S.outstanding, 0);
     atomic_store(&S.queued, 0);
     S.main_ident = main_thread_ident();
+    S.has_main_cpu = S.main_ident &&
+                     pthread_getcpuclockid((pthread_t)S.main_ident, &S.main_cpu) == 0;
+    S.probe_cpu = -1;
 #if PY_VERSION_HEX >= 0x030D0000
     (void)signal_handler;
     atomic_store(&S.signum, 0);   /* a pending call reaches the main thread at once */
@@ -670,6 +788,8 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     }
     atomic_store(&S.signum, sig);
     S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
+    if (sig && S.main_status_fd < 0)   /* this is the main thread (sampling_signal) */
+        S.main_status_fd = open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
 #endif
     unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
     if (pthread_create(&S.thread, NULL, sampler_main, (void *)(uintptr_t)gen) != 0) {
@@ -707,6 +827,8 @@ void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin)
     if (begin) {
         th->step_start = now;
         th->step_serial++;
+        if (th->sampled == AP_SAMPLE_LOOP)
+            atomic_store_explicit(&S.step_signals, 0, memory_order_relaxed);
         atomic_fetch_add_explicit(busy, 1, memory_order_relaxed);
     } else {
         th->handle_ns += now - th->step_start;
