@@ -569,15 +569,17 @@ def test_signal_pause_in_a_step_is_not_woken_by_the_sampler(run_aioprof, tmp_pat
     assert abs(at_pause / 1e6 - 0.3) <= 0.03, stacks
 
 
-SIGNAL_PROGRAMS = {
-    # All signals blocked during a pure-Python step, then every handler reset to the
-    # default and the mask restored: a sampling signal left pending would end the process.
-    "blocked": """\
-        import asyncio, signal, time
+SIGNAL_PRELUDE = """\
+        import asyncio, signal, subprocess, time
         def spin(t):
             e = time.perf_counter() + t
             while time.perf_counter() < e:
                 pass
+"""
+SIGNAL_PROGRAMS = {
+    # All signals blocked during a pure-Python step, then every handler reset to the
+    # default and the mask restored: a sampling signal left pending would end the process.
+    "blocked": """\
         async def main():
             old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
             spin(0.3)
@@ -595,11 +597,6 @@ SIGNAL_PROGRAMS = {
     # A forked child changes a signal while the parent's sampler may hold its lock
     # (subprocess's preexec_fn): the child must not wait on that lock.
     "fork": """\
-        import asyncio, signal, subprocess, time
-        def spin(t):
-            e = time.perf_counter() + t
-            while time.perf_counter() < e:
-                pass
         async def main():
             for i in range(150):
                 spin(0.002)
@@ -611,12 +608,9 @@ SIGNAL_PROGRAMS = {
     # signal writes a byte to the self-pipe, which a step signalled at every interval
     # fills (then Python prints a warning per signal on stderr).
     "wakeup": """\
-        import asyncio, signal, time
         async def main():
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, print)
-            e = time.perf_counter() + 2.0
-            while time.perf_counter() < e:
-                pass
+            spin(2.0)
             print("ok")
         asyncio.run(main())
     """,
@@ -627,7 +621,7 @@ SIGNAL_PROGRAMS = {
 def test_signal_using_programs_behave_as_without_aioprof(run_aioprof, tmp_path, name):
     """Programs that block signals, fork, or use a signal wakeup fd, sampled every 50 us:
     the same stdout, stderr and exit code as without aioprof."""
-    prog = write(tmp_path / f"{name}.py", SIGNAL_PROGRAMS[name])
+    prog = write(tmp_path / f"{name}.py", SIGNAL_PRELUDE + SIGNAL_PROGRAMS[name])
     plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
                            cwd=tmp_path, timeout=120)
     assert plain.returncode == 0 and plain.stderr == "", plain.stderr
