@@ -630,7 +630,7 @@ def test_signal_using_programs_behave_as_without_aioprof(run_aioprof, tmp_path, 
 
 
 GUARD = """\
-    import _signal, asyncio, signal, sys, time
+    import _signal, asyncio, inspect, signal, sys, time
     from aioprof import _core
 
     def burn(seconds):
@@ -641,6 +641,9 @@ GUARD = """\
     async def main():
         [ours] = [s for s in range(1, signal.NSIG) if signal.getsignal(s) is _core._sample_signal]
         assert signal.signal.__module__ == "signal" and "aioprof" in _signal.signal.__doc__
+        guard = _signal.signal   # looks like the built-in it stands in for
+        assert (str(inspect.signature(guard)), guard.__module__, guard.__name__) == (
+            "(signalnum, handler, /)", "_signal", "signal")
         try:
             signal.signal(ours, 42)   # fails: the signal stays aioprof's, and in use
         except TypeError as e:

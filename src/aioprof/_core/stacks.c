@@ -698,7 +698,7 @@ static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, 
 
 static PyMethodDef guard_def = {
     "signal", (PyCFunction)(void (*)(void))signal_guard, METH_FASTCALL | METH_KEYWORDS,
-    "signal($module, signalnum, handler, /)\n--\n\n"
+    "signal(signalnum, handler, /)\n--\n\n"
     "_signal.signal, guarded by aioprof while its sampler signals the main thread: the\n"
     "sampler stops sending its signal before the signal is changed (docs/stacks.md)."};
 
@@ -711,8 +711,11 @@ static int signal_guard_install(void)
     int rc = cur ? 0 : -1;
     if (cur && !guarded_signal)
         guarded_signal = Py_NewRef(cur);
-    if (cur && !guard_func)
-        guard_func = PyCFunction_NewEx(&guard_def, NULL, NULL);
+    if (cur && !guard_func) {   /* it stands in for _signal.signal: __module__ '_signal' */
+        PyObject *name = PyUnicode_FromString("_signal");
+        guard_func = name ? PyCFunction_NewEx(&guard_def, NULL, name) : NULL;
+        Py_XDECREF(name);
+    }
     if (cur && !guard_func)
         rc = -1;
     else if (cur && cur == guarded_signal)
