@@ -644,10 +644,16 @@ GUARD = """\
         guard = _signal.signal   # looks like the built-in it stands in for
         assert (str(inspect.signature(guard)), guard.__module__, guard.__name__) == (
             "(signalnum, handler, /)", "_signal", "signal")
+        mask = _signal.pthread_sigmask
+        assert (str(inspect.signature(mask)), mask.__module__) == ("(how, mask, /)", "_signal")
         try:
             signal.signal(ours, 42)   # fails: the signal stays aioprof's, and in use
         except TypeError as e:
             print("TypeError", e)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {ours})   # no signal is sent meanwhile
+        burn(0.05)
+        assert signal.sigpending() == set(), signal.sigpending()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {ours})   # and they go on
         burn(0.2)   # [burn] pure Python: sampled only through the signal on 3.10-3.12
 
     asyncio.run(main())
@@ -656,9 +662,10 @@ GUARD = """\
 
 @pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13+ samples with no signal")
 def test_a_failed_change_of_the_signal_keeps_it_in_use(run_aioprof, tmp_path):
-    """While the sampler signals, _signal.signal is aioprof's guard (signal.signal itself
-    is untouched); a signal.signal call that fails leaves the signal aioprof's, and the
-    sampler goes on sending it."""
+    """While the sampler signals, _signal.signal and _signal.pthread_sigmask are aioprof's
+    guards (signal.signal and signal.pthread_sigmask are untouched); a signal.signal call
+    that fails leaves the signal aioprof's; no signal is sent while the main thread blocks
+    it; the sampler goes on sending it once unblocked."""
     prog = write(tmp_path / "guard.py", GUARD)
     out = tmp_path / "out.txt"
     proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog], cwd=tmp_path)

@@ -8,15 +8,11 @@
 #define _POSIX_C_SOURCE 200809L
 #include "profile.h"
 
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #define MAX_STACK 128
 #define MAX_AWAITERS 8
@@ -310,11 +306,12 @@ static struct {
     clockid_t main_cpu;        /* the main thread's CPU-time clock (3.10-3.12) */
     int has_main_cpu;
     ap_ns_t probe_wall, probe_cpu; /* sampler thread only: when main_running last looked */
-    int main_status_fd;        /* the main thread's /proc status (3.10-3.12), or -1 */
+    atomic_int handled;        /* the last signal sent reached the trampoline */
+    int masked;                /* the signal, while the main thread blocks it, or 0 */
     atomic_int step_signals;   /* signals sent during the main thread's current step */
     unsigned skipped;          /* sampler thread only: intervals since the last signal */
     pthread_mutex_t send_lock; /* a request is sent only by a sampler still current */
-} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER, .main_status_fd = -1};
+} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER, .handled = 1};
 
 /* One sample of `th`, inside a handle, whose innermost frame is `frame` (a new
  * reference, consumed). */
@@ -399,31 +396,9 @@ static PyOS_sighandler_t py_c_handler;   /* Python's C-level signal handler */
  * Python's handler back in place of this one). */
 static void sampling_trampoline(int sig)
 {
+    atomic_store(&S.handled, 1);
     if (py_c_handler)
         py_c_handler(sig);
-}
-
-/* Whether the main thread has `sig` blocked or already pending, from its /proc status
- * (sampler thread). A blocked signal would queue (real-time signals queue, one per
- * send), show in the program's sigpending() and sigwait(), and meet whatever the
- * disposition is when it is unblocked. Unknown counts as neither. */
-static int main_blocks_or_has(int sig)
-{
-    char buf[4096];
-    if (S.main_status_fd < 0)
-        return 0;
-    ssize_t n = pread(S.main_status_fd, buf, sizeof buf - 1, 0);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
-    unsigned long long bit = 1ULL << (sig - 1), mask;
-    const char *keys[] = {"\nSigPnd:", "\nShdPnd:", "\nSigBlk:"};
-    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-        const char *at = strstr(buf, keys[i]);
-        if (at && sscanf(at + strlen(keys[i]), "%llx", &mask) == 1 && (mask & bit))
-            return 1;
-    }
-    return 0;
 }
 
 /* Whether `sig` still goes to aioprof (any thread, no GIL: sigaction is async-signal-safe). */
@@ -435,7 +410,6 @@ static int signal_still_ours(int sig)
 }
 #else
 static int signal_still_ours(int Py_UNUSED(sig)) { return 0; }   /* no signal on 3.13+ */
-static int main_blocks_or_has(int Py_UNUSED(sig)) { return 0; }
 #endif
 
 /* The main thread's CPU time, or -1. */
@@ -528,7 +502,9 @@ static void request_main(unsigned long long gen)
         int sig = atomic_load(&S.signum);
         if (!sig || !signal_still_ours(sig))
             atomic_store(&S.signum, 0);
-        else if (signal_due() && !main_blocks_or_has(sig)) {
+        else if (signal_due() && atomic_exchange(&S.handled, 0)) {
+            /* Never a second one while the last is pending (blocked in C code, which
+             * the guard on pthread_sigmask does not see): real-time signals queue. */
             pthread_kill((pthread_t)S.main_ident, sig);
             atomic_fetch_add_explicit(&S.step_signals, 1, memory_order_relaxed);
         }
@@ -645,7 +621,6 @@ static int sampling_signal(PyObject *handler)
  * aioprof's handler at the return of a system call; the original's check of pending
  * signals then runs that handler. Sending resumes if the signal is still aioprof's
  * afterwards (the call failed). Not guarded: sigaction() called from C. */
-static PyObject *guard_func;       /* the guard, made once */
 static PyObject *guarded_signal;   /* _signal.signal as first found */
 
 /* Main thread, GIL held. Whether `signum` is the signal the sampler sends: then it sends
@@ -674,6 +649,7 @@ static int signal_hold(PyObject *signum)
         while (sigpending(&pending) == 0 && sigismember(&pending, sig) == 1 &&
                sigtimedwait(&one, NULL, &zero) == sig) {
         }
+        atomic_store(&S.handled, 1);   /* none in flight now */
     }
     return sig;
 }
@@ -681,10 +657,48 @@ static int signal_hold(PyObject *signum)
 static void signal_resume(int sig)
 {
     pthread_mutex_lock(&S.send_lock);
-    if (S.started && !atomic_load(&S.signum) && signal_still_ours(sig))
+    if (S.started && !atomic_load(&S.signum) && !S.masked && signal_still_ours(sig))
         atomic_store(&S.signum, sig);
     pthread_mutex_unlock(&S.send_lock);
 }
+
+/* The guard on _signal.pthread_sigmask (which signal.pthread_sigmask calls): a signal
+ * blocked in the main thread would stay pending, show in the program's sigpending()
+ * and sigwait(), and meet whatever disposition it has when unblocked. Before the call
+ * the sampler stops sending, and a signal sent before is delivered while it still can
+ * be; after it, sending resumes only if the main thread does not block the signal. */
+static int mask_hold(void)
+{
+    if (!S.started || PyThread_get_thread_ident() != S.main_ident)
+        return 0;
+    pthread_mutex_lock(&S.send_lock);
+    int sig = atomic_load(&S.signum);
+    if (sig) {
+        atomic_store(&S.signum, 0);
+        S.masked = sig;
+    }
+    sig = S.masked;
+    pthread_mutex_unlock(&S.send_lock);
+    if (sig) {
+        sigset_t pending;
+        sigpending(&pending);   /* a signal already sent is delivered on its return */
+    }
+    return sig;
+}
+
+/* After a mask change (main thread): sending resumes unless the signal is blocked. */
+static void mask_resume(int sig)
+{
+    sigset_t cur;
+    if (pthread_sigmask(SIG_BLOCK, NULL, &cur) != 0 || sigismember(&cur, sig) == 1)
+        return;   /* still blocked: paused until a change unblocks it */
+    pthread_mutex_lock(&S.send_lock);
+    S.masked = 0;
+    pthread_mutex_unlock(&S.send_lock);
+    signal_resume(sig);
+}
+
+static PyObject *guarded_mask;     /* _signal.pthread_sigmask as first found */
 
 static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, size_t nargsf,
                               PyObject *kwnames)
@@ -696,47 +710,68 @@ static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, 
     return r;
 }
 
-static PyMethodDef guard_def = {
-    "signal", (PyCFunction)(void (*)(void))signal_guard, METH_FASTCALL | METH_KEYWORDS,
-    "signal(signalnum, handler, /)\n--\n\n"
-    "_signal.signal, guarded by aioprof while its sampler signals the main thread: the\n"
-    "sampler stops sending its signal before the signal is changed (docs/stacks.md)."};
+static PyObject *mask_guard(PyObject *Py_UNUSED(self), PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    int held = mask_hold();
+    PyObject *r = PyObject_Vectorcall(guarded_mask, args, nargsf, kwnames);
+    if (held)
+        mask_resume(held);
+    return r;
+}
 
-/* Put the guard in place of _signal.signal, unless something else already replaced it.
- * Main thread, GIL held. Returns 0, or -1 with an exception. */
+static PyMethodDef guard_defs[] = {
+    {"signal", (PyCFunction)(void (*)(void))signal_guard, METH_FASTCALL | METH_KEYWORDS,
+     "signal(signalnum, handler, /)\n--\n\n"
+     "_signal.signal, guarded by aioprof while its sampler signals the main thread: the\n"
+     "sampler stops sending its signal before the signal is changed (docs/stacks.md)."},
+    {"pthread_sigmask", (PyCFunction)(void (*)(void))mask_guard, METH_FASTCALL | METH_KEYWORDS,
+     "pthread_sigmask(how, mask, /)\n--\n\n"
+     "_signal.pthread_sigmask, guarded by aioprof while its sampler signals the main\n"
+     "thread: the sampler sends no signal the main thread blocks (docs/stacks.md)."},
+};
+static PyObject *guard_funcs[2];                               /* made once */
+static PyObject **guarded[2] = {&guarded_signal, &guarded_mask};
+
+/* Put the guards in place of _signal.signal and _signal.pthread_sigmask, each unless
+ * something else already replaced it. Main thread, GIL held. Returns 0, or -1 with an
+ * exception. */
 static int signal_guard_install(void)
 {
     PyObject *mod = PyImport_ImportModule("_signal");
-    PyObject *cur = mod ? PyObject_GetAttrString(mod, "signal") : NULL;
-    int rc = cur ? 0 : -1;
-    if (cur && !guarded_signal)
-        guarded_signal = Py_NewRef(cur);
-    if (cur && !guard_func) {   /* it stands in for _signal.signal: __module__ '_signal' */
-        PyObject *name = PyUnicode_FromString("_signal");
-        guard_func = name ? PyCFunction_NewEx(&guard_def, NULL, name) : NULL;
-        Py_XDECREF(name);
+    PyObject *name = mod ? PyUnicode_FromString("_signal") : NULL;   /* their __module__ */
+    int rc = name ? 0 : -1;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        PyObject *cur = PyObject_GetAttrString(mod, guard_defs[i].ml_name);
+        if (cur && !*guarded[i])
+            *guarded[i] = Py_NewRef(cur);
+        if (cur && !guard_funcs[i])
+            guard_funcs[i] = PyCFunction_NewEx(&guard_defs[i], NULL, name);
+        if (!cur || !guard_funcs[i])
+            rc = -1;
+        else if (cur == *guarded[i])
+            rc = PyObject_SetAttrString(mod, guard_defs[i].ml_name, guard_funcs[i]);
+        Py_XDECREF(cur);
     }
-    if (cur && !guard_func)
-        rc = -1;
-    else if (cur && cur == guarded_signal)
-        rc = PyObject_SetAttrString(mod, "signal", guard_func);
-    Py_XDECREF(cur);
+    Py_XDECREF(name);
     Py_XDECREF(mod);
     return rc;
 }
 
-/* Put _signal.signal back, if the guard is still there (any thread, GIL held). */
+/* Put the originals back, where the guards are still in place (any thread, GIL held). */
 static void signal_guard_remove(void)
 {
-    if (!guard_func)
-        return;
     ap_exc_state_t exc;
     ap_exc_save(&exc);
     PyObject *mod = PyImport_ImportModule("_signal");
-    PyObject *cur = mod ? PyObject_GetAttrString(mod, "signal") : NULL;
-    if (cur && cur == guard_func && PyObject_SetAttrString(mod, "signal", guarded_signal) < 0)
-        PyErr_WriteUnraisable(NULL);
-    Py_XDECREF(cur);
+    for (int i = 0; mod && i < 2; i++) {
+        PyObject *cur = guard_funcs[i] ? PyObject_GetAttrString(mod, guard_defs[i].ml_name) : NULL;
+        if (cur && cur == guard_funcs[i] &&
+            PyObject_SetAttrString(mod, guard_defs[i].ml_name, *guarded[i]) < 0)
+            PyErr_WriteUnraisable(NULL);
+        Py_XDECREF(cur);
+        PyErr_Clear();
+    }
     Py_XDECREF(mod);
     PyErr_Clear();
     ap_exc_restore(&exc);
@@ -757,9 +792,8 @@ static void fork_child(void)
     atomic_store(&S.signum, 0);
     S.started = 0;
     S.main_mode = 0;
-    if (S.main_status_fd >= 0)
-        close(S.main_status_fd);   /* the parent's main thread */
-    S.main_status_fd = -1;
+    S.masked = 0;
+    atomic_store(&S.handled, 1);
 }
 
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
@@ -791,8 +825,13 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     }
     atomic_store(&S.signum, sig);
     S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
-    if (sig && S.main_status_fd < 0)   /* this is the main thread (sampling_signal) */
-        S.main_status_fd = open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    atomic_store(&S.handled, 1);
+    S.masked = 0;
+    sigset_t cur;   /* this is the main thread (sampling_signal): its mask now */
+    if (sig && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 && sigismember(&cur, sig) == 1) {
+        S.masked = sig;
+        atomic_store(&S.signum, 0);
+    }
 #endif
     unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
     if (pthread_create(&S.thread, NULL, sampler_main, (void *)(uintptr_t)gen) != 0) {
