@@ -51,6 +51,14 @@ def folded(text: str) -> Dict[str, int]:
     return out
 
 
+def python_env() -> Dict[str, str]:
+    """os.environ for a plain `python` child that imports this aioprof build."""
+    env = dict(os.environ)
+    root = str(Path(aioprof.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
 def profile(run_aioprof, tmp_path: Path, args, prog: Path) -> str:
     out = tmp_path / "out.txt"
     proc = run_aioprof([*args, "-o", out, prog], cwd=tmp_path)
@@ -264,11 +272,8 @@ def test_trace_intervals_add_up_to_the_task_totals(tmp_path):
     prog = write(tmp_path / "work.py", TRACE_PROGRAM)
     runner = write(tmp_path / "runner.py", API_RUNNER)
     stats_path, trace_path = tmp_path / "stats.json", tmp_path / "trace.json"
-    env = dict(os.environ)
-    root = str(Path(aioprof.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
     proc = subprocess.run([sys.executable, str(runner), str(prog), str(stats_path),
-                           str(trace_path)], cwd=tmp_path, env=env, capture_output=True,
+                           str(trace_path)], cwd=tmp_path, env=python_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(stats_path.read_text())
@@ -534,10 +539,8 @@ def test_taking_the_signal_over_never_meets_a_signal_in_flight(tmp_path, how):
     before the change (its check passed, the main thread then inside signal.signal) met
     the program's handler about once in 300 takeovers, or ended the process."""
     prog = write(tmp_path / "storm.py", TAKEOVER_STORM)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(aioprof.__file__).parent.parent)] + [os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(prog), how, "200"], capture_output=True,
-                          text=True, env=env, timeout=120)
+                          text=True, env=python_env(), timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 0\n", "")
 
 

@@ -621,7 +621,7 @@ static int sampling_signal(PyObject *handler)
  * aioprof's handler at the return of a system call; the original's check of pending
  * signals then runs that handler. Sending resumes if the signal is still aioprof's
  * afterwards (the call failed). Not guarded: sigaction() called from C. */
-static PyObject *guarded_signal;   /* _signal.signal as first found */
+static PyObject *guarded[2];       /* _signal.signal, _signal.pthread_sigmask as first found */
 
 /* Main thread, GIL held. Whether `signum` is the signal the sampler sends: then it sends
  * no more, and any signal already sent has been handled by the trampoline. */
@@ -698,13 +698,11 @@ static void mask_resume(int sig)
     signal_resume(sig);
 }
 
-static PyObject *guarded_mask;     /* _signal.pthread_sigmask as first found */
-
 static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, size_t nargsf,
                               PyObject *kwnames)
 {
     int held = PyVectorcall_NARGS(nargsf) >= 1 ? signal_hold(args[0]) : 0;
-    PyObject *r = PyObject_Vectorcall(guarded_signal, args, nargsf, kwnames);
+    PyObject *r = PyObject_Vectorcall(guarded[0], args, nargsf, kwnames);
     if (held)
         signal_resume(held);
     return r;
@@ -714,7 +712,7 @@ static PyObject *mask_guard(PyObject *Py_UNUSED(self), PyObject *const *args, si
                             PyObject *kwnames)
 {
     int held = mask_hold();
-    PyObject *r = PyObject_Vectorcall(guarded_mask, args, nargsf, kwnames);
+    PyObject *r = PyObject_Vectorcall(guarded[1], args, nargsf, kwnames);
     if (held)
         mask_resume(held);
     return r;
@@ -730,8 +728,7 @@ static PyMethodDef guard_defs[] = {
      "_signal.pthread_sigmask, guarded by aioprof while its sampler signals the main\n"
      "thread: the sampler sends no signal the main thread blocks (docs/stacks.md)."},
 };
-static PyObject *guard_funcs[2];                               /* made once */
-static PyObject **guarded[2] = {&guarded_signal, &guarded_mask};
+static PyObject *guard_funcs[2];   /* made once */
 
 /* Put the guards in place of _signal.signal and _signal.pthread_sigmask, each unless
  * something else already replaced it. Main thread, GIL held. Returns 0, or -1 with an
@@ -743,13 +740,13 @@ static int signal_guard_install(void)
     int rc = name ? 0 : -1;
     for (int i = 0; i < 2 && rc == 0; i++) {
         PyObject *cur = PyObject_GetAttrString(mod, guard_defs[i].ml_name);
-        if (cur && !*guarded[i])
-            *guarded[i] = Py_NewRef(cur);
+        if (cur && !guarded[i])
+            guarded[i] = Py_NewRef(cur);
         if (cur && !guard_funcs[i])
             guard_funcs[i] = PyCFunction_NewEx(&guard_defs[i], NULL, name);
         if (!cur || !guard_funcs[i])
             rc = -1;
-        else if (cur == *guarded[i])
+        else if (cur == guarded[i])
             rc = PyObject_SetAttrString(mod, guard_defs[i].ml_name, guard_funcs[i]);
         Py_XDECREF(cur);
     }
@@ -767,10 +764,9 @@ static void signal_guard_remove(void)
     for (int i = 0; mod && i < 2; i++) {
         PyObject *cur = guard_funcs[i] ? PyObject_GetAttrString(mod, guard_defs[i].ml_name) : NULL;
         if (cur && cur == guard_funcs[i] &&
-            PyObject_SetAttrString(mod, guard_defs[i].ml_name, *guarded[i]) < 0)
+            PyObject_SetAttrString(mod, guard_defs[i].ml_name, guarded[i]) < 0)
             PyErr_WriteUnraisable(NULL);
         Py_XDECREF(cur);
-        PyErr_Clear();
     }
     Py_XDECREF(mod);
     PyErr_Clear();
@@ -810,9 +806,6 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     atomic_store(&S.outstanding, 0);
     atomic_store(&S.queued, 0);
     S.main_ident = main_thread_ident();
-    S.has_main_cpu = S.main_ident &&
-                     pthread_getcpuclockid((pthread_t)S.main_ident, &S.main_cpu) == 0;
-    S.probe_cpu = -1;
 #if PY_VERSION_HEX >= 0x030D0000
     (void)signal_handler;
     atomic_store(&S.signum, 0);   /* a pending call reaches the main thread at once */
@@ -825,6 +818,8 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     }
     atomic_store(&S.signum, sig);
     S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
+    S.has_main_cpu = sig && pthread_getcpuclockid((pthread_t)S.main_ident, &S.main_cpu) == 0;
+    S.probe_cpu = -1;
     atomic_store(&S.handled, 1);
     S.masked = 0;
     sigset_t cur;   /* this is the main thread (sampling_signal): its mask now */
