@@ -6,13 +6,18 @@ and writes the report to stderr or to ``-o FILE``. See docs/cli.md.
 
 The report is written from an ``atexit`` handler registered before the program starts,
 so it runs after the program's own exit handlers and after Python has waited for the
-program's non-daemon threads: loops running in threads are measured to their end.
+program's non-daemon threads: loops running in threads are measured to their end. An
+uncaught KeyboardInterrupt leaves `main` as it leaves a script, so python itself prints
+it, finalizes (unclosed files are flushed, ``__del__`` runs) and then dies of SIGINT.
+SIGTERM at its default action writes the report and then dies of SIGTERM. The ``-o``
+file is replaced only by a complete report (written beside it, then renamed).
 """
 from __future__ import annotations
 
 import argparse
 import atexit
 import builtins
+import errno
 import importlib.machinery
 import importlib.util
 import io
@@ -20,11 +25,12 @@ import os
 import pkgutil
 import runpy
 import signal
+import stat
 import sys
 import traceback
 import types
 import warnings
-from typing import IO, Any, List, NoReturn, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
 import aioprof
 from aioprof import report
@@ -195,12 +201,33 @@ def _say(message: str) -> None:
         pass
 
 
-def _print_exception(exc: BaseException) -> None:
-    """Print an exception of the program as Python would, without aioprof's frames."""
+def _program_traceback(exc: BaseException) -> Optional[types.TracebackType]:
+    """The traceback of an exception caught in main(), from the program's first frame."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next
-    exc.__traceback__ = tb
+    return tb
+
+
+class _ProgramExcepthook:
+    """sys.excepthook while the program's KeyboardInterrupt leaves main(): python prints
+    it through `hook` (the program's excepthook, or the default one) with the traceback
+    the program would show, then this puts `hook` back."""
+
+    def __init__(self, exc: BaseException, hook: Callable[..., Any]) -> None:
+        self.exc, self.tb, self.hook = exc, _program_traceback(exc), hook
+
+    def __call__(self, typ: type, value: BaseException, tb: Optional[types.TracebackType]) -> None:
+        if sys.excepthook is self:
+            sys.excepthook = self.hook
+        if value is self.exc:
+            value.__traceback__ = tb = self.tb
+        self.hook(typ, value, tb)
+
+
+def _print_exception(exc: BaseException) -> None:
+    """Print an exception of the program as Python would, without aioprof's frames."""
+    exc.__traceback__ = tb = _program_traceback(exc)
     try:
         sys.excepthook(type(exc), exc, tb)
     except BaseException:
@@ -300,55 +327,149 @@ class _Program:
         exec(code, main.__dict__)
 
 
-class _Session:
-    """Profiles the program and writes the report once, at interpreter exit."""
+def _temp_name(path: str) -> str:
+    """The temporary file beside `path` that write_atomically renames over it."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.{os.getpid()}.aioprof-tmp")
 
-    def __init__(self, opts: argparse.Namespace, out: Optional[IO[str]]) -> None:
+
+def write_atomically(path: str, write: Callable[[IO[str]], None]) -> None:
+    """Write the text file `path` (UTF-8) with ``write(stream)``, replacing it only once
+    complete: the text goes to a new file beside it (same directory, hidden temporary
+    name, the old file's permissions) that is then renamed over it, so a run that writes
+    nothing, or is killed while writing, leaves the earlier file as it was. A path that is
+    not a regular file (``/dev/null``, a FIFO, a terminal) is opened and written in place.
+    On an error the temporary file is removed and the error propagates."""
+    path = os.path.realpath(path)      # through a symlink: replace its target, not the link
+    try:
+        st: Optional[os.stat_result] = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "w", encoding="utf-8") as f:
+            write(f)
+        return
+    tmp = _temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        if st is not None:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        with open(fd, "w", encoding="utf-8", closefd=True) as f:
+            fd = -1
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _check_writable(path: str) -> None:
+    """Raise _Error unless `write_atomically(path, ...)` will be able to write there,
+    without touching `path` itself: an earlier report stays until the new one replaces it."""
+    real = os.path.realpath(path)
+    try:
+        if os.path.isdir(real):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if os.path.exists(real) and not os.access(real, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        if os.path.exists(real) and not os.path.isfile(real):
+            return        # /dev/null, a FIFO...: written in place at the end
+        probe = _temp_name(real)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise _Error(f"cannot write the report to {path!r}: {e.strerror or e}") from None
+
+
+class _TermHandler:
+    """aioprof's SIGTERM handler while the program leaves SIGTERM at its default: writes
+    the report, then ends the process with SIGTERM's default action.
+
+    ``signal.getsignal(SIGTERM)`` returns it (not SIG_DFL). A program that saves the
+    handler it finds and puts it back before re-raising the signal (uvicorn) puts this
+    one back, so the report is still written. (An object equal to SIG_DFL would be turned
+    into SIG_DFL by `signal.getsignal`, and a program restoring it would lose the report.)"""
+
+    def __init__(self, session: "_Session") -> None:
+        self.session = session
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.session.terminated()
+
+    def __repr__(self) -> str:
+        return "<aioprof: write the report, then SIGTERM's default action>"
+
+
+class _Session:
+    """Profiles the program and writes the report once, at interpreter exit (or at a
+    SIGTERM left at its default)."""
+
+    def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
-        self.out = out
-        self.status = 0            # exit status of the program, as far as known
-        self.sigint = False        # the program ended with KeyboardInterrupt
         self.pid = os.getpid()
+        self.written = False
+        self.term_handler: Optional[_TermHandler] = None
         self.profiler = aioprof.Profiler(**_profiler_kwargs(opts))
 
-    def finish(self) -> None:
-        """atexit: stop the profiler and write the report; then exit like python on SIGINT."""
-        if os.getpid() != self.pid:      # a forked child exiting through sys.exit
-            return
+    def watch_sigterm(self) -> None:
+        """Take SIGTERM if it is at its default action (not if ignored or handled)."""
         try:
-            self._write()
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                self.term_handler = _TermHandler(self)
+                signal.signal(signal.SIGTERM, self.term_handler)
+        except (ValueError, OSError, AttributeError):   # not the main thread; no SIGTERM
+            self.term_handler = None
+
+    def finish(self) -> None:
+        """atexit: stop the profiler and write the report. The exit status stays the
+        program's: a report that cannot be written is said on stderr, nothing more."""
+        if os.getpid() != self.pid or self.written:   # a forked child exiting through sys.exit
+            return
+        self._report(flush=True)
+        if self.term_handler is not None and signal.getsignal(signal.SIGTERM) is self.term_handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def terminated(self) -> None:
+        """SIGTERM at its default: write the report (once), then die of SIGTERM without
+        running the program's exit handlers or flushing its buffers, as python would."""
+        if os.getpid() == self.pid and not self.written:
+            self._report(flush=False)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)   # not reached: SIGTERM's default action ends us
+
+    def _report(self, flush: bool) -> None:
+        self.written = True
+        try:
+            self._write(flush)
         except BaseException as e:
             _say(f"error: could not write the report: {type(e).__name__}: {e}")
-            if self.status == 0 and not self.sigint:
-                _flush(sys.stdout, sys.stderr)
-                os._exit(2)
-        finally:
-            if self.sigint:
-                # What python does after an uncaught KeyboardInterrupt: die of SIGINT.
-                _flush(sys.stdout, sys.stderr)
-                try:
-                    signal.signal(signal.SIGINT, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGINT)
-                except Exception:
-                    pass
 
-    def _write(self) -> None:
+    def _write(self, flush: bool) -> None:
         with warnings.catch_warnings():   # the warnings are in the report
             warnings.simplefilter("ignore")
             self.profiler.stop()
             doc = self.profiler.stats()
-        _flush(sys.stdout, sys.stderr)
-        if self.opts.output == "-":
-            file = sys.stdout
-        else:
-            file = self.out if self.out is not None else _stderr()
         o = self.opts
-        report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,
-                     show_internal=o.show_internal, flame=o.flame)
-        if self.out is not None:
-            self.out.close()
-        else:
-            file.flush()
+
+        def render(file: IO[str]) -> None:
+            report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,
+                         show_internal=o.show_internal, flame=o.flame)
+
+        if o.output is not None and o.output != "-":
+            write_atomically(o.output, render)
+            return
+        file = sys.stdout if o.output == "-" else _stderr()
+        if flush or o.output == "-":
+            _flush(sys.stdout, sys.stderr)
+        render(file)
+        file.flush()
 
 
 def _interval_ms(opts: argparse.Namespace) -> float:
@@ -388,28 +509,25 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
     else:
         program.find()
         program.set_path()
-    out = None
     if opts.output is not None and opts.output != "-":
         if kind == "script" and os.path.exists(opts.output) and os.path.samefile(opts.output, program.path):
             raise _Error(f"-o {opts.output!r} is the script itself; the report would overwrite it")
-        try:
-            out = open(opts.output, "w", encoding="utf-8")
-        except OSError as e:
-            raise _Error(f"cannot write the report to {opts.output!r}: {e.strerror or e}") from None
+        _check_writable(opts.output)
     try:
-        session = _Session(opts, out)
+        session = _Session(opts)
     except Exception as e:
         raise _Error(str(e)) from None
     return program, session
 
 
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
-    """Run the command line `argv` (default sys.argv[1:]); always ends with SystemExit.
+    """Run the command line `argv` (default sys.argv[1:]); ends with SystemExit, or with
+    the program's uncaught KeyboardInterrupt.
 
     The exit status is the program's, as python would give it (sys.exit codes pass
-    through, 1 after an uncaught exception, death by SIGINT after KeyboardInterrupt);
-    2 for a usage error before the program starts, or when the report cannot be written
-    after a program that exited with 0.
+    through, 1 after an uncaught exception; after KeyboardInterrupt python prints it,
+    finalizes and dies of SIGINT; SIGTERM at its default: death by SIGTERM after the
+    report); 2 for a usage error before the program starts.
     """
     if argv is None:
         argv = sys.argv[1:]
@@ -426,17 +544,19 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
         _say(f"error: {e}")
         raise SystemExit(2) from None
 
+    session.watch_sigterm()
     try:
         program.run()
-    except SystemExit as e:
-        session.status = _exit_status(e.code)
+    except SystemExit:
         raise
     except KeyboardInterrupt as e:
-        _print_exception(e)
-        session.status, session.sigint = 130, True
-        raise SystemExit(130) from None
+        # Leave as the program's own KeyboardInterrupt would leave python: python prints
+        # it (through sys.excepthook, shown from the program's first frame), finalizes
+        # (flushing unclosed files, running __del__ and asyncio's never-retrieved logs),
+        # runs the report's atexit handler, and only then dies of SIGINT.
+        sys.excepthook = _ProgramExcepthook(e, sys.excepthook)
+        raise
     except BaseException as e:
         _print_exception(e)
-        session.status = 1
         raise SystemExit(1) from None
     raise SystemExit(0)

@@ -295,14 +295,38 @@ def test_real_sigint_exits_like_python_and_writes_the_report(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("ending, status", [("", 2), ("sys.exit(3)", 3)])
-def test_report_write_failure(tmp_path, ending, status):
+@pytest.mark.parametrize("ending, status", [("", 0), ("sys.exit(3)", 3)])
+def test_report_write_failure_keeps_the_programs_status(tmp_path, ending, status):
     write(tmp_path / "prog.py", f"import sys\nprint('out')\n{ending}\n")
     prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", "/dev/full"])
     assert prof.returncode == status
     assert prof.stdout == b"out\n"
     lines = prof.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aioprof: error: could not write the report")
+
+
+@pytest.mark.parametrize("close", ["os.close(2)", "sys.stderr.close()"])
+@pytest.mark.parametrize("output", [None, "report.json"])
+def test_program_closing_stderr_keeps_its_status(tmp_path, close, output):
+    # The report's own stream is gone: no report (without -o), but the status is the
+    # program's 0, and a report to -o is written as usual.
+    write(tmp_path / "prog.py", f"""\
+        import asyncio, os, sys
+        async def main():
+            await asyncio.sleep(0)
+        asyncio.run(main())
+        print("out")
+        {close}
+    """)
+    plain = run(["prog.py"], cwd=tmp_path)
+    prof = run(["prog.py"], cwd=tmp_path,
+               aioprof=[] if output is None else ["-o", output, "--format", "json"])
+    assert plain.returncode == prof.returncode == 0
+    assert prof.stdout == plain.stdout == b"out\n"
+    assert prof.stderr == plain.stderr == b""
+    if output is not None:
+        doc = json.loads((tmp_path / output).read_text())
+        assert [t["state"] for t in doc["tasks"] if t["coroutine"] == "main"] == ["done"]
 
 
 # -- report ----------------------------------------------------------------------------
