@@ -21,7 +21,6 @@ exponentially with a 1 s time constant.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from typing import Any, Optional
 
 __all__ = ["LoopMonitor"]
@@ -32,7 +31,9 @@ class _Core:
     the first use puts the real module in this one's place."""
 
     def __getattr__(self, name: str) -> Any:
-        module = importlib.import_module("aioprof._core")
+        from aioprof.profiler import load_core   # one clear line in a subinterpreter
+
+        module = load_core()
         globals()["_core"] = module
         return getattr(module, name)
 

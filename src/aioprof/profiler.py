@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import IO, Any, Optional
 
-__all__ = ["Profiler"]
+__all__ = ["Profiler", "load_core"]
 
 
 def _to_seconds(obj: Any) -> Any:
@@ -62,6 +62,86 @@ def _unwatch_eager_factory(handle: Optional[tuple]) -> None:
     monitoring.register_callback(tool, monitoring.events.PY_START, None)
     monitoring.register_callback(tool, monitoring.events.PY_RETURN, None)
     monitoring.free_tool_id(tool)
+
+
+_SUBINTERPRETER = ("aioprof._core cannot be loaded in a subinterpreter: aioprof profiles the "
+                   "main interpreter only (docs/design.md)")
+
+
+def load_core() -> Any:
+    """Import and return `aioprof._core`. In a subinterpreter (which it refuses: its hooks
+    and tables are per process) the ImportError says so in one line."""
+    try:
+        from aioprof import _core
+    except ImportError as e:
+        if "subinterpreter" in str(e):
+            raise ImportError(_SUBINTERPRETER, name="aioprof._core") from None
+        raise
+    return _core
+
+
+class _UvloopWatch:
+    """A `sys.meta_path` entry that finds nothing itself: when the program imports uvloop
+    while the profiler runs, it lets the other finders find it, and once uvloop's module
+    has run, has the core hook its Loop. So the profiler never imports uvloop on the
+    program's behalf. One use: it leaves `sys.meta_path` when uvloop is imported or the
+    profiler stops; the module keeps its own loader and spec."""
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+        self.finding = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "uvloop" or self.finding:
+            return None
+        self.finding = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is not self and find is not None:
+                    spec = find(name, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            self.finding = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _HookAfterExec(spec.loader, self)
+        return spec
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+class _HookAfterExec:
+    """Loader of uvloop: the real loader's, then the hook; puts the real one back on the
+    module before it runs."""
+
+    def __init__(self, loader: Any, watch: _UvloopWatch) -> None:
+        self.loader, self.watch = loader, watch
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.watch.remove()
+        try:
+            self.watch.hook()
+        except Exception as e:   # profiling goes on without uvloop's task steps
+            warnings.warn(f"aioprof: cannot hook uvloop: {type(e).__name__}: {e}", RuntimeWarning,
+                          stacklevel=2)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
 
 
 class Profiler:
@@ -117,6 +197,7 @@ class Profiler:
         self._final: Optional[dict] = None
         self._running = False
         self._eager: Optional[tuple] = None
+        self._uvloop: Optional[_UvloopWatch] = None
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> "Profiler":
@@ -124,11 +205,14 @@ class Profiler:
 
         Raises RuntimeError if a profiler is already running in this process.
         """
-        from aioprof import _core   # imported late: reports render without a built core
+        _core = load_core()   # imported late: reports render without a built core
 
         _core.start(self.max_tasks, int(self.cpu_window * 1e9), int(self.slow_ms * 1e6),
                     int(self.interval * 1e9), self.async_stacks, self.trace_buffer if self.trace else 0)
         self._eager = _watch_eager_factory(_core)
+        if "uvloop" not in sys.modules:   # else the core hooked it in start()
+            self._uvloop = _UvloopWatch(_core._uv_hook)
+            sys.meta_path.insert(0, self._uvloop)
         self._running = True
         self._final = None
         # The sampler thread must not outlive the interpreter: stop at exit at the latest.
@@ -141,7 +225,10 @@ class Profiler:
             self._running = False
             atexit.unregister(self.stop)
             _unwatch_eager_factory(self._eager)
-            from aioprof import _core
+            if self._uvloop is not None:
+                self._uvloop.remove()
+                self._uvloop = None
+            _core = load_core()
 
             self._final = self._document(_core.stop())
             # One warning per fault, once: the run goes on without profiling.
@@ -168,9 +255,7 @@ class Profiler:
         after stop(), the final snapshot. Raises RuntimeError if never started.
         """
         if self._running:
-            from aioprof import _core
-
-            return self._document(_core.snapshot())
+            return self._document(load_core().snapshot())
         if self._final is None:
             raise RuntimeError("this Profiler was never started")
         return self._final

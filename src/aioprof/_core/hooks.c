@@ -836,21 +836,16 @@ static PyObject *hook_uv_call_soon(PyObject *loop, PyObject *const *args, Py_ssi
 static PyMethodDef def_uv_call_soon = {"call_soon", (PyCFunction)(void (*)(void))hook_uv_call_soon,
                                        METH_FASTCALL | METH_KEYWORDS, "aioprof hook around uvloop's call_soon."};
 
-/* Hook uvloop.Loop.call_soon if uvloop is installed. 0, or -1 with an error set. */
+/* Hook uvloop.Loop.call_soon if the program has imported uvloop (never imported here:
+ * aioprof.profiler calls ap_hooks_uvloop when the program imports it later). 0, or -1
+ * with an error set. */
 static int uv_install(void)
 {
-    PyObject *util = PyImport_ImportModule("importlib.util");
-    PyObject *spec = util ? PyObject_CallMethod(util, "find_spec", "s", "uvloop") : NULL;
-    Py_XDECREF(util);
-    if (!spec)
-        return -1;
-    int present = spec != Py_None;
-    Py_DECREF(spec);
-    if (!present)
-        return 0;
-    PyObject *uv = PyImport_ImportModule("uvloop");
+    PyObject *name = PyUnicode_FromString("uvloop");
+    PyObject *uv = name ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
     if (!uv) {
-        PyErr_Clear();   /* broken uvloop install: the program will find out, not us */
+        PyErr_Clear();   /* not imported (or a broken uvloop: the program will find out) */
         return 0;
     }
     PyObject *cls = PyObject_GetAttrString(uv, "Loop");
@@ -1105,6 +1100,11 @@ error:
     hooks_uninstall();
     ap_exc_restore(&exc);
     return -1;
+}
+
+int ap_hooks_uvloop(void)
+{
+    return H.installed ? uv_install() : 0;
 }
 
 int ap_hooks_acquire(void)

@@ -358,6 +358,13 @@ done:
     return res;
 }
 
+static PyObject *mod_uv_hook(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    if (ap_hooks_uvloop() < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))mod_start, METH_FASTCALL,
      "start(max_tasks, cpu_window_ns, slow_ns): install the hooks and begin a session."},
@@ -380,6 +387,7 @@ static PyMethodDef methods[] = {
      "sys.monitoring PY_RETURN callback on the eager task factory (internal)."},
     {"_sample_signal", (PyCFunction)(void (*)(void))ap_sample_signal, METH_FASTCALL,
      "_sample_signal(signum, frame): the sampling signal's handler (internal; 3.10-3.12)."},
+    {"_uv_hook", mod_uv_hook, METH_NOARGS, "_uv_hook(): hook uvloop, just imported by the program (internal)."},
     {"_task_died", ap_task_died, METH_O, "weak-reference callback (internal)."},
     {"_loop_died", ap_loop_died, METH_O, "weak-reference callback (internal)."},
     {NULL, NULL, 0, NULL},

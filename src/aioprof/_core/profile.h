@@ -337,6 +337,8 @@ int ap_trace_snapshot(ap_session_t *s, PyObject *doc);
 int ap_hooks_acquire(void);
 /* Drop a reference; the last one puts the original methods back (never fails). */
 void ap_hooks_release(void);
+/* Hook uvloop now that the program has imported it, if the hooks are installed. */
+int ap_hooks_uvloop(void);
 
 /* --- snapshot.c --- */
 /* The session's figures as a dict of lists and ints (ns), as of `now`. New ref. */
