@@ -68,9 +68,9 @@ def make_variant(name: str) -> Hooks:
         # the trace (no sampler): what sampling and trace recording cost.
         import aioprof
 
-        p = {"aioprof-nosample": lambda: aioprof.Profiler(interval=0.0),
-             "aioprof-sample": lambda: aioprof.Profiler(interval=0.001),
-             "aioprof-trace": lambda: aioprof.Profiler(interval=0.0, trace=True)}[name]()
+        p = {"aioprof-nosample": lambda: aioprof.Profiler(interval_ms=0),
+             "aioprof-sample": lambda: aioprof.Profiler(interval_ms=1),
+             "aioprof-trace": lambda: aioprof.Profiler(interval_ms=0, trace=True)}[name]()
 
         def report() -> None:
             p.report(format="text", file=io.StringIO())

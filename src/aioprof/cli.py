@@ -37,7 +37,7 @@ from aioprof import report
 
 __all__ = ["main"]
 
-USAGE = "python -m aioprof [options] (script.py | -m module) [args ...]"
+USAGE = "python -m aioprof [options] (script.py | -m module | -c code) [args ...]"
 DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then write the "
                "report (to stderr unless -o). Options go before the script or -m module; "
                "everything after it is passed to the program.")
@@ -101,6 +101,9 @@ def _parser() -> _Parser:
     p.add_argument("script", nargs="?", help="the program to run; its arguments follow it")
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module as a script, like python -m (ends aioprof's options)")
+    p.add_argument("-c", dest="code", metavar="CODE",
+                   help="run the program passed as a string, like python -c (ends aioprof's "
+                        "options)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the report to FILE (UTF-8) instead of stderr; - for stdout")
     p.add_argument("--format", choices=report.FORMATS, default="text",
@@ -142,10 +145,12 @@ def _parser() -> _Parser:
 
 
 def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str], List[str]]:
-    """Split argv into (aioprof's options, "script" or "module", target, program args).
+    """Split argv into (aioprof's options, "script", "module" or "code", target, program
+    args).
 
     aioprof's options end at the first argument that is not an option (the script), at
-    ``-m MODULE`` (or ``-mMODULE``) or after ``--``; all that follows is the program's.
+    ``-m MODULE`` (or ``-mMODULE``), at ``-c CODE`` (or ``-cCODE``) or after ``--``; all
+    that follows is the program's.
     """
     i = 0
     while i < len(argv):
@@ -153,12 +158,13 @@ def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str]
         if arg == "--":
             rest = list(argv[i + 1:])
             return list(argv[:i]), ("script" if rest else None), (rest[0] if rest else None), rest[1:]
-        if arg == "-m":
-            if i + 1 == len(argv):
-                raise _Error("argument -m: expected a module name")
-            return list(argv[:i]), "module", argv[i + 1], list(argv[i + 2:])
-        if arg.startswith("-m") and not arg.startswith("--"):
-            return list(argv[:i]), "module", arg[2:], list(argv[i + 1:])
+        for flag, kind in (("-m", "module"), ("-c", "code")):
+            if arg == flag:
+                if i + 1 == len(argv):
+                    raise _Error(f"argument {flag}: expected " + ("a module name" if kind == "module" else "one argument"))
+                return list(argv[:i]), kind, argv[i + 1], list(argv[i + 2:])
+            if arg.startswith(flag):
+                return list(argv[:i]), kind, arg[2:], list(argv[i + 1:])
         if arg.startswith("-") and arg != "-":
             i += 2 if arg in _VALUE_OPTIONS else 1
             continue
@@ -246,6 +252,9 @@ class _Program:
         """Check that the program exists (raises _Error); a module is looked up on sys.path."""
         if self.kind == "module":
             self._find_module()
+        elif self.kind == "code":
+            self.argv0 = "-c"
+            self.source = self.target.encode("utf-8", "surrogateescape")
         else:
             self._find_script()
 
@@ -294,6 +303,8 @@ class _Program:
             return
         if self.kind == "module":
             sys.path[0] = os.getcwd()
+        elif self.kind == "code":
+            sys.path[0] = ""
         elif self.main_spec is not None:
             sys.path[0] = self.path
         else:
@@ -309,7 +320,12 @@ class _Program:
         # Not runpy.run_path: it sets sys.argv[0] to the path it is given, but python keeps
         # argv[0] as typed while __file__, sys.path[0] and code paths are absolute.
         spec = self.main_spec
-        if spec is not None:
+        if self.kind == "code":     # python -c: no __file__, the built-in importer as loader
+            assert self.source is not None
+            code = compile(self.source, "<string>", "exec", dont_inherit=True)
+            main = types.ModuleType("__main__")
+            main.__dict__.update(__loader__=importlib.machinery.BuiltinImporter)
+        elif spec is not None:
             assert spec.loader is not None
             code = spec.loader.get_code("__main__")  # type: ignore[attr-defined]
             main = importlib.util.module_from_spec(spec)
@@ -482,8 +498,8 @@ def _interval_ms(opts: argparse.Namespace) -> float:
 
 def _profiler_kwargs(opts: argparse.Namespace) -> dict:
     """The keyword arguments of aioprof.Profiler for the options."""
-    return {"max_tasks": opts.max_tasks, "cpu_window": opts.cpu_window / 1e3,
-            "slow_ms": opts.slow_ms, "interval": _interval_ms(opts) / 1e3,
+    return {"max_tasks": opts.max_tasks, "cpu_window_ms": opts.cpu_window,
+            "slow_ms": opts.slow_ms, "interval_ms": _interval_ms(opts),
             "async_stacks": opts.format == "collapsed" or opts.by == "stack",
             "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer}
 
@@ -495,13 +511,44 @@ def _check(opts: argparse.Namespace) -> None:
                      f"turns sampling off")
 
 
+def _given(options: Sequence[str]) -> List[str]:
+    """The names of the options written in `options` (aioprof's part of argv)."""
+    names, i = [], 0
+    while i < len(options):
+        arg = options[i]
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+        if arg.startswith("-"):
+            names.append(name)
+        takes_next = name in _VALUE_OPTIONS and "=" not in arg and (arg.startswith("--") or len(arg) == 2)
+        i += 2 if takes_next else 1
+    return names
+
+
+def _ignored(options: Sequence[str], opts: argparse.Namespace) -> List[str]:
+    """The options given that do nothing in the chosen --format (checked all the same)."""
+    text_only = {"--sort", "--limit", "--show-internal"}
+    if not (opts.by == "stack" and opts.format in ("json", "trace")):   # --by stack records stacks
+        text_only.add("--by")
+    ignored = []
+    for name in dict.fromkeys(_given(options)):
+        if ((name in text_only and opts.format != "text")
+                or (name == "--flame" and opts.format != "collapsed")
+                or (name == "--trace-buffer" and opts.format != "trace")):
+            ignored.append(name)
+    return ignored
+
+
 def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
     """Parse argv and check everything that can fail before the program starts."""
     options, kind, target, args = _split(argv)
     opts = _parser().parse_args(options)
     _check(opts)
+    ignored = _ignored(options, opts)
+    if ignored:
+        _say(f"warning: {' and '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing "
+             f"with --format {opts.format}; the run goes on")
     if kind is None:
-        raise _Error("no script or -m module given (usage: " + USAGE + ")")
+        raise _Error("no script, -m module or -c code given (usage: " + USAGE + ")")
     program = _Program(kind, target or "", args)
     if kind == "module":     # a module is found on the sys.path it will run with
         program.set_path()

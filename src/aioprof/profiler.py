@@ -64,6 +64,36 @@ def _unwatch_eager_factory(handle: Optional[tuple]) -> None:
     monitoring.free_tool_id(tool)
 
 
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number (int or float), not {type(value).__name__} {value!r}")
+
+
+def _check_int(name: str, value: Any, low: int, high: Optional[int]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        limits = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ValueError(f"{name} must be an int {limits}, not {value!r}")
+
+
+def _milliseconds(name: str, value: Optional[float], old_name: str, old_seconds: Optional[float],
+                  default: float) -> float:
+    """The value of the `name` argument (milliseconds), or of its deprecated spelling
+    `old_name` in seconds; `default` if neither is given."""
+    if old_seconds is not None:
+        if value is not None:
+            raise TypeError(f"give {name} (milliseconds) or {old_name} (seconds, deprecated), not both")
+        warnings.warn(f"Profiler({old_name}=seconds) is deprecated: use {name}=milliseconds",
+                      DeprecationWarning, stacklevel=3)
+        _check_number(old_name, old_seconds)
+        return old_seconds * 1e3
+    if value is None:
+        return default
+    _check_number(name, value)
+    return value
+
+
 _SUBINTERPRETER = ("aioprof._core cannot be loaded in a subinterpreter: aioprof profiles the "
                    "main interpreter only (docs/design.md)")
 
@@ -151,16 +181,20 @@ class Profiler:
     Only one profiler can run at a time in a process; it watches every standard-library
     event loop in every thread while it runs.
 
+    Every time argument is in milliseconds, as the command line's options are
+    (``interval_ms`` is ``--interval``, ``cpu_window_ms`` ``--cpu-window``, ``slow_ms``
+    ``--slow-ms``).
+
     Args:
         max_tasks: per-task records kept (int >= 0); tasks past this are still folded
             into the per-coroutine aggregates and counted in ``dropped_tasks``.
-        cpu_window: seconds (float > 0); the thread CPU clock is read at most once per
-            window and its CPU time is shared among the steps that ran in it in
-            proportion to their wall time (docs/design.md).
-        slow_ms: milliseconds (float >= 0); a step or callback at least this long is
-            recorded as a slow step.
-        interval: seconds (float >= 0) between samples of the running frames, e.g.
-            0.001; 0 (the default) means no sampling. The main thread's loop samples
+        cpu_window_ms: milliseconds (number > 0, default 1.0); the thread CPU clock is
+            read at most once per window and its CPU time is shared among the steps that
+            ran in it in proportion to their wall time (docs/design.md).
+        slow_ms: milliseconds (number >= 0, default 100); a step or callback at least
+            this long is recorded as a slow step.
+        interval_ms: milliseconds (number >= 0) between samples of the running frames,
+            e.g. 1.0; 0 (the default) means no sampling. The main thread's loop samples
             itself (a pending call; on 3.10-3.12 also a real-time signal whose handler
             stays installed); other threads' loops are sampled under the GIL
             (docs/stacks.md).
@@ -168,31 +202,37 @@ class Profiler:
             (the tasks awaiting it + its await chain), for the idle flame graph.
         trace: record a timeline (steps, scheduled and await intervals, ticks, selects,
             task creation) in a ring of `trace_buffer` events (int >= 1).
+        interval, cpu_window: deprecated (DeprecationWarning): the same in seconds.
 
     Raises:
+        TypeError: an argument has the wrong type (a number given as a string, ...), or
+            both ``interval`` and ``interval_ms`` (``cpu_window`` and ``cpu_window_ms``)
+            are given.
         ValueError: an argument is out of range.
         RuntimeError: from ``start()`` when another profiler is already running.
     """
 
-    def __init__(self, *, max_tasks: int = 10000, cpu_window: float = 0.001,
-                 slow_ms: float = 100.0, interval: float = 0.0, async_stacks: bool = False,
-                 trace: bool = False, trace_buffer: int = 200_000) -> None:
-        if not isinstance(max_tasks, int) or max_tasks < 0:
-            raise ValueError(f"max_tasks must be an int >= 0, not {max_tasks!r}")
-        if not cpu_window > 0:
-            raise ValueError(f"cpu_window must be > 0 seconds, not {cpu_window!r}")
-        if not slow_ms >= 0:
-            raise ValueError(f"slow_ms must be >= 0, not {slow_ms!r}")
-        if not interval >= 0:
-            raise ValueError(f"interval must be >= 0 seconds, not {interval!r}")
-        if not isinstance(trace_buffer, int) or not 1 <= trace_buffer <= 100_000_000:
-            raise ValueError(f"trace_buffer must be an int from 1 to 100000000, not {trace_buffer!r}")
-        self.interval = float(interval)
+    def __init__(self, *, max_tasks: int = 10000, cpu_window_ms: Optional[float] = None,
+                 slow_ms: float = 100.0, interval_ms: Optional[float] = None,
+                 async_stacks: bool = False, trace: bool = False, trace_buffer: int = 200_000,
+                 interval: Optional[float] = None, cpu_window: Optional[float] = None) -> None:
+        interval_ms = _milliseconds("interval_ms", interval_ms, "interval", interval, 0.0)
+        cpu_window_ms = _milliseconds("cpu_window_ms", cpu_window_ms, "cpu_window", cpu_window, 1.0)
+        _check_int("max_tasks", max_tasks, 0, None)
+        _check_int("trace_buffer", trace_buffer, 1, 100_000_000)
+        _check_number("slow_ms", slow_ms)
+        if not 0 < cpu_window_ms < float("inf"):
+            raise ValueError(f"cpu_window_ms must be > 0 milliseconds, not {cpu_window_ms!r}")
+        if not 0 <= slow_ms < float("inf"):
+            raise ValueError(f"slow_ms must be >= 0 milliseconds, not {slow_ms!r}")
+        if not 0 <= interval_ms < float("inf"):
+            raise ValueError(f"interval_ms must be >= 0 milliseconds, not {interval_ms!r}")
+        self.interval_ms = float(interval_ms)
         self.async_stacks = bool(async_stacks)
         self.trace = bool(trace)
         self.trace_buffer = trace_buffer
         self.max_tasks = max_tasks
-        self.cpu_window = float(cpu_window)
+        self.cpu_window_ms = float(cpu_window_ms)
         self.slow_ms = float(slow_ms)
         self._final: Optional[dict] = None
         self._running = False
@@ -207,8 +247,8 @@ class Profiler:
         """
         _core = load_core()   # imported late: reports render without a built core
 
-        _core.start(self.max_tasks, int(self.cpu_window * 1e9), int(self.slow_ms * 1e6),
-                    int(self.interval * 1e9), self.async_stacks, self.trace_buffer if self.trace else 0)
+        _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
+                    int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
         self._eager = _watch_eager_factory(_core)
         if "uvloop" not in sys.modules:   # else the core hooked it in start()
             self._uvloop = _UvloopWatch(_core._uv_hook)
@@ -262,17 +302,21 @@ class Profiler:
 
     def report(self, format: str = "text", file: Optional[IO[str]] = None, *,
                sort: str = "busy", limit: Optional[int] = None, by: str = "coroutine",
-               show_internal: bool = False, width: Optional[int] = None) -> None:
-        """Write the report to `file` (default sys.stderr).
+               show_internal: bool = False, width: Optional[int] = None,
+               flame: str = "cpu") -> None:
+        """Write the report to `file` (default sys.stderr), as `aioprof.report.write`.
 
-        format: "text" (tables) or "json" (docs/json.md). sort, limit, by,
-        show_internal and width shape the text report (see `aioprof.report.text`).
-        Raises ValueError for an unknown format, sort or by.
+        format: "text" (tables), "json" (docs/json.md), "collapsed" (folded stacks of
+        the `flame` "cpu", "idle" or "wall") or "trace" (Chrome trace events). sort,
+        limit, by, show_internal and width shape the text report (see
+        `aioprof.report.text`). Raises ValueError for an unknown format, sort, by or
+        flame.
         """
         from aioprof import report as _report
 
         _report.write(self.stats(), format=format, file=file if file is not None else sys.stderr,
-                      sort=sort, limit=limit, by=by, show_internal=show_internal, width=width)
+                      sort=sort, limit=limit, by=by, show_internal=show_internal, width=width,
+                      flame=flame)
 
     # -- internals ----------------------------------------------------------------
     @staticmethod

@@ -88,7 +88,7 @@ _API_RUNNER = (
     "import sys, runpy, json, aioprof\n"
     "case, out, slow_ms = sys.argv[1], sys.argv[2], float(sys.argv[3])\n"
     "sys.argv = [case]\n"
-    "p = aioprof.Profiler(slow_ms=slow_ms, interval=0.001).start()\n"
+    "p = aioprof.Profiler(slow_ms=slow_ms, interval_ms=1).start()\n"
     "try:\n"
     "    runpy.run_path(case, run_name='__main__')\n"
     "finally:\n"

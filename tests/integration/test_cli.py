@@ -395,6 +395,7 @@ def test_threads_are_measured_to_their_end(tmp_path):
     ["pkg"],                       # a directory without __main__.py
     ["--out", "x.txt", "prog.py"], # long options are not abbreviated
     ["-m"],
+    ["-c"],
     [],
     ["--max-tasks", "10"],
     ["-o", "prog.py", "prog.py"],  # the report would overwrite the script
@@ -410,6 +411,51 @@ def test_bad_command_line(tmp_path, args):
     assert lines[0].startswith("aioprof: error: ")
     assert not (tmp_path / "ran").exists()
     assert (tmp_path / "prog.py").read_text() == "open('ran', 'w').close()\n"
+
+
+DASH_C = """\
+import asyncio, sys
+async def waiter():
+    await asyncio.sleep(0.001)
+asyncio.run(waiter())
+print(sys.argv, repr(sys.path[0]), sorted(globals()), __loader__, __spec__, __name__)
+raise SystemExit(sys.argv[1])
+"""
+
+
+def test_dash_c_runs_like_python_c(tmp_path):
+    plain = run(["-c", DASH_C, "7", "--limit"], cwd=tmp_path)
+    prof = run(["-c", DASH_C, "7", "--limit"], cwd=tmp_path, aioprof=["--format", "json"])
+    assert plain.returncode == prof.returncode == 1       # SystemExit("7"): printed, status 1
+    assert prof.stdout == plain.stdout
+    assert prof.stdout.decode().startswith("['-c', '7', '--limit'] '' ")
+    assert prof.stderr.startswith(plain.stderr) and plain.stderr == b"7\n"
+    doc = json.loads(prof.stderr[len(plain.stderr):])
+    (task,) = [t for t in doc["tasks"] if t["coroutine"] == "waiter"]
+    assert task["steps"] == 2 and task["created_at"]["file"] == "<string>"
+    # A traceback shows the program's "<string>" frames only, as python's.
+    plain = run(["-c", "def f():\n    1/0\nf()"], cwd=tmp_path)
+    prof = run(["-c", "def f():\n    1/0\nf()"], cwd=tmp_path, aioprof=["-o", "r.txt"])
+    assert plain.returncode == prof.returncode == 1 and prof.stderr == plain.stderr
+
+
+@pytest.mark.parametrize("options, warned", [
+    (["--format", "json", "--sort", "idle", "--limit=3"], "--sort and --limit do nothing with --format json"),
+    (["--format", "trace", "--by", "task", "--show-internal"],
+     "--by and --show-internal do nothing with --format trace"),
+    (["--flame", "idle"], "--flame does nothing with --format text"),
+    (["--format", "collapsed", "--flame", "idle", "--trace-buffer", "9"],
+     "--trace-buffer does nothing with --format collapsed"),
+    (["--format", "json", "--by", "stack"], None),       # records the stacks the JSON holds
+    (["--sort", "idle", "--limit", "3", "--by", "task"], None),
+])
+def test_options_that_do_nothing_are_warned_about(tmp_path, options, warned):
+    write(tmp_path / "prog.py", "print('ran')\n")
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=[*options, "-o", "report.out"])
+    assert prof.returncode == 0 and prof.stdout == b"ran\n"
+    expected = [] if warned is None else [f"aioprof: warning: {warned}; the run goes on"]
+    assert prof.stderr.decode().splitlines() == expected
+    assert (tmp_path / "report.out").exists()
 
 
 def test_report_to_stdout_with_dash(tmp_path):

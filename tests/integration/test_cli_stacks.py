@@ -21,8 +21,8 @@ SANITIZER = os.environ.get("AIOPROF_SANITIZER", "")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif("interval" not in inspect.signature(aioprof.Profiler).parameters,
-                       reason="aioprof.Profiler does not take interval= yet (sampling, "
+    pytest.mark.skipif("interval_ms" not in inspect.signature(aioprof.Profiler).parameters,
+                       reason="aioprof.Profiler does not take interval_ms= yet (sampling, "
                               "async stacks and the trace are not in the core)"),
 ]
 
@@ -525,7 +525,7 @@ TAKEOVER_STORM = """\
 
     own = signal.SIG_DFL if sys.argv[1] == "default" else (lambda n, f: got.append(n))
     for _ in range(int(sys.argv[2])):
-        with aioprof.Profiler(interval=0.00005):
+        with aioprof.Profiler(interval_ms=0.05):
             asyncio.run(cycle(own))
         assert signal.signal is GUARDED and _signal.signal is ORIGINAL, "put back at stop"
     print("ok", len(got))

@@ -62,7 +62,7 @@ async def two_jobs(adv):
 
 
 def profile(fn, **kw):
-    kw.setdefault("cpu_window", 1e-9)   # read the (fake) CPU clock at every handle
+    kw.setdefault("cpu_window_ms", 1e-6)   # read the (fake) CPU clock at every handle
     with aioprof.Profiler(**kw) as p:
         fn()
     return p.stats()
@@ -155,7 +155,7 @@ def test_pending_task_counted_to_snapshot(fake_clock):
         await t
         return doc
 
-    with aioprof.Profiler(cpu_window=1e-9) as p:
+    with aioprof.Profiler(cpu_window_ms=1e-6) as p:
         doc = asyncio.run(main())
     s = by_name(doc)["S"]
     assert s["state"] == "pending" and s["end_s"] is None

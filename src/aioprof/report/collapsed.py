@@ -32,7 +32,7 @@ FLAMES = ("cpu", "idle", "wall")
 
 # Where each flame's entries are: (document key, time field, message when it is missing).
 _NO_SAMPLES = ("no samples in the report: sampling was off (--interval 0, "
-               "Profiler(interval=0)) or the profiler does not sample")
+               "Profiler(interval_ms=0)) or the profiler does not sample")
 _NO_IDLE = ("no idle stacks in the report: async stacks were off (they are on with "
             "--format collapsed or --by stack, Profiler(async_stacks=True))")
 
