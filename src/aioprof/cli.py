@@ -323,6 +323,11 @@ class _Program:
         if self.kind == "code":     # python -c: no __file__, the built-in importer as loader
             assert self.source is not None
             code = compile(self.source, "<string>", "exec", dont_inherit=True)
+            if sys.version_info >= (3, 13):   # 3.13's python -c: tracebacks show the lines
+                import linecache
+
+                lines = self.target.splitlines()
+                linecache.cache["<string>"] = (len(self.target), None, [f"{line}\n" for line in lines], "<string>")
             main = types.ModuleType("__main__")
             main.__dict__.update(__loader__=importlib.machinery.BuiltinImporter)
         elif spec is not None:
