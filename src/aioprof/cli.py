@@ -565,6 +565,8 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
         if kind == "script" and os.path.exists(opts.output) and os.path.samefile(opts.output, program.path):
             raise _Error(f"-o {opts.output!r} is the script itself; the report would overwrite it")
         _check_writable(opts.output)
+        # Where the report goes, fixed now: the program may change its directory.
+        opts.output = os.path.abspath(opts.output)
     try:
         session = _Session(opts)
     except Exception as e:

@@ -305,6 +305,15 @@ def test_report_write_failure_keeps_the_programs_status(tmp_path, ending, status
     assert len(lines) == 1 and lines[0].startswith("aioprof: error: could not write the report")
 
 
+def test_relative_report_path_is_where_aioprof_started(tmp_path):
+    # The program changes its directory; -o report.txt is still next to where it started.
+    write(tmp_path / "prog.py", "import os\nos.mkdir('sub')\nos.chdir('sub')\n")
+    prof = run(["prog.py"], cwd=tmp_path, aioprof=["-o", "report.txt"])
+    assert prof.returncode == 0 and prof.stderr == b""
+    assert (tmp_path / "report.txt").read_text().startswith("aioprof: wall ")
+    assert os.listdir(tmp_path / "sub") == []
+
+
 @pytest.mark.parametrize("close", ["os.close(2)", "sys.stderr.close()"])
 @pytest.mark.parametrize("output", [None, "report.json"])
 def test_program_closing_stderr_keeps_its_status(tmp_path, close, output):
