@@ -1,6 +1,7 @@
-"""`python -m aioprof [options] script.py [args]` / `python -m aioprof [options] -m module [args]`.
+"""`python -m aioprof [options] (script.py | -m module | -c code) [args]`.
 
-Runs the program as `python script.py args` / `python -m module args` would (same
+Runs the program as `python script.py args` / `python -m module args` / `python -c code
+args` would (same
 ``sys.argv``, ``sys.path[0]``, ``__main__`` module and exit status) with the profiler on,
 and writes the report to stderr or to ``-o FILE``. See docs/cli.md.
 
@@ -39,7 +40,7 @@ __all__ = ["main"]
 
 USAGE = "python -m aioprof [options] (script.py | -m module | -c code) [args ...]"
 DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then write the "
-               "report (to stderr unless -o). Options go before the script or -m module; "
+               "report (to stderr unless -o). Options go before the script, -m module or -c code; "
                "everything after it is passed to the program.")
 EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof cannot "
           "start the program (bad option, missing script or module, unwritable -o file). "
