@@ -241,6 +241,7 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
         session_free(s);
         return NULL;
     }
+    ap_eager_watch_start(s);
     PyObject *sig_handler = PyObject_GetAttrString(module, "_sample_signal");
     int sampler = sig_handler ? ap_sampler_start(s, sig_handler) : -1;
     Py_XDECREF(sig_handler);
@@ -274,6 +275,7 @@ static PyObject *mod_stop(PyObject *module, PyObject *Py_UNUSED(unused))
         return NULL;
     }
     ap_sampler_stop();
+    ap_eager_watch_stop();
     ap_hooks_release();
     PyObject *snap = mod_snapshot(module, NULL);
     s->t_stop = ap_clock_wall();
@@ -374,10 +376,6 @@ static PyMethodDef methods[] = {
     {"monitor_close", ap_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
     {"monitor_observers", ap_monitor_observers, METH_O, "monitor_observers(id) -> list: its observers."},
     {"monitor_read", ap_monitor_read, METH_O, "monitor_read(id) -> dict: its figures now."},
-    {"_eager_begin", (PyCFunction)(void (*)(void))ap_eager_begin, METH_FASTCALL,
-     "sys.monitoring PY_START callback on the eager task factory (internal)."},
-    {"_eager_end", (PyCFunction)(void (*)(void))ap_eager_end, METH_FASTCALL,
-     "sys.monitoring PY_RETURN callback on the eager task factory (internal)."},
     {"_sample_signal", (PyCFunction)(void (*)(void))ap_sample_signal, METH_FASTCALL,
      "_sample_signal(signum, frame): the sampling signal's handler (internal; 3.10-3.12)."},
     {"_task_died", ap_task_died, METH_O, "weak-reference callback (internal)."},

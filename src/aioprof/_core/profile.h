@@ -169,6 +169,18 @@ typedef struct {
     ap_ns_t weight;
 } ap_cpu_item_t;
 
+/* An eager first step that is running (see tasks.c, "eager tasks"). */
+typedef struct {
+    struct ap_task *t;        /* its record (the task object lives: Task() is running) */
+    PyObject *task;           /* borrowed: the task */
+    PyObject *key, *prev;     /* borrowed, compared only: the loop, and its current task before */
+    struct ap_task *prev_task;   /* what ran before: th->task, th->cb, and their accounting */
+    uint32_t prev_cb;
+    ap_ns_t begin, prev_nested, prev_charged;
+} ap_eager_t;
+
+#define AP_MAX_EAGER 8
+
 /* Per thread that ran a hook. */
 typedef struct ap_thread {
     struct ap_thread *next;
@@ -186,8 +198,12 @@ typedef struct ap_thread {
     /* the awaiting-task prefix of the running task's stack, computed once per step */
     uint64_t prefix_step;
     uint32_t prefix[64], n_prefix;
-    ap_ns_t eager_begin[8];   /* eager task factories running in this thread (3.12+) */
+    /* Eager first steps (3.12+) running in this thread, innermost last (tasks.c). A
+     * handle's busy time excludes the eager steps run inside it (nested), and its CPU
+     * weight is queued in segments around them (charged: what is queued already). */
+    ap_eager_t eager[AP_MAX_EAGER];
     int n_eager;
+    ap_ns_t nested, charged, seg_start;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
     ap_ns_t io_end;       /* when select last returned in this thread */
     ap_ns_t tick_select;  /* select wait inside the current tick */
@@ -263,9 +279,17 @@ ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
  * (borrowed), else NULL to ask task.get_coro(). Returns NULL on error (faulted). */
 ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now, int fresh,
                        PyObject *coro);
-/* sys.monitoring callbacks on the eager task factory's code (3.12+). */
-PyObject *ap_eager_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *ap_eager_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* Watch asyncio's current-task dicts for eager first steps (3.12+; a no-op before):
+ * start returns 0, or -1 with an error set; stop never fails. */
+int ap_eager_watch_start(ap_session_t *s);
+void ap_eager_watch_stop(void);
+/* A handle begins at `now` in this thread: no eager step is nested in it yet. */
+static inline void ap_handle_segments_reset(ap_thread_t *th, ap_ns_t now)
+{
+    th->nested = th->charged = 0;
+    th->seg_start = now;
+    th->n_eager = 0;
+}
 /* The task was made ready at `ready` (clamped into [t_mark, now]). */
 void ap_task_wake(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t ready, ap_ns_t now);
 /* A step of the task begins/ends at `now`; `task` is the live task object. */

@@ -724,7 +724,11 @@ int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *t
         if (ap_hist_add(&c->hist, dur) < 0)
             ap_fault(s, "out of memory in a histogram");
     }
-    ap_cpu_charge(s, th, (ap_cpu_item_t){t->kept ? t : NULL, t->coro_idx, AP_NONE, NULL, dur}, now);
+    /* The CPU weight is the step's busy time, less what was queued already in segments
+     * before the eager steps it ran (see "eager tasks" below). */
+    ap_ns_t weight = dur - th->charged;
+    th->charged = 0;
+    ap_cpu_charge(s, th, (ap_cpu_item_t){t->kept ? t : NULL, t->coro_idx, AP_NONE, NULL, weight > 0 ? weight : 0}, now);
     t->t_mark = now;
     if (t->woke_in_step) {
         t->state = AP_READY;
@@ -882,74 +886,177 @@ void ap_cpu_charge(ap_session_t *s, ap_thread_t *th, ap_cpu_item_t item, ap_ns_t
 
 /* ------------------------------------------------------------------ eager tasks */
 
-/* An eager task (3.12+ eager_start) runs its first step inside Task(): no call_soon and
- * no handle. aioprof watches the code of asyncio's eager task factory with
- * sys.monitoring local events (profiler.py installs them): PY_START marks when the
- * factory began, PY_RETURN hands over the task, whose first step is begin..return.
- * That step also lies inside its creator's step, which includes it, as the creator did
- * run it. */
-PyObject *ap_eager_begin(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(n))
+/* An eager task (3.12+: Task(..., eager_start=True), the eager task factory) runs its
+ * first step inside Task(), in C: no handle, no call_soon. What every eager start does
+ * (C and Python Task alike) is make the task its loop's current task in asyncio's
+ * current-task dict (_swap_current_task) and, once the step is over, put back the task
+ * that was current before. aioprof watches that dict (PyDict_AddWatcher): a task never
+ * seen, whose coroutine has not started, becoming current is the start of its eager
+ * first step; the dict getting its previous value back for that loop is the end.
+ *
+ * The first step is a step of the task like any other (busy, CPU, slow step, its first
+ * suspension idle at its await site), and is left out of the step that ran Task(): the
+ * creator's busy time excludes it (a creator task counts it as scheduled: it waits for
+ * it, ready), and its CPU weight is queued in segments around it. So the busy times of
+ * tasks and callbacks add up to the loop's. Regular steps also set
+ * and delete the dict's entry: those are told apart by th->task (hook_run sets it before
+ * the step runs), at the cost of one comparison. */
+
+#if AP_HAVE_DICT_WATCH
+
+static int watcher_id = -1;
+static PyObject *watched[2];   /* strong: the current-task dicts being watched */
+
+/* The accounting item of what runs now in this thread (a task step, a callback, or the
+ * loop itself between handles); 0 if nothing. */
+static int running_item(ap_thread_t *th, ap_cpu_item_t *it)
 {
-    ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (s && !s->disabled && (th = ap_thread_get(s)) && th->n_eager < 8)
-        th->eager_begin[th->n_eager++] = ap_clock_wall();
-    Py_RETURN_NONE;
+    if (th->task)
+        *it = (ap_cpu_item_t){th->task->kept ? th->task : NULL, th->task->coro_idx, AP_NONE, NULL, 0};
+    else if (th->cb != AP_NONE)
+        *it = (ap_cpu_item_t){NULL, AP_NONE, th->cb, NULL, 0};
+    else
+        return 0;
+    return 1;
 }
 
-PyObject *ap_eager_end(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+static void eager_begin(ap_session_t *s, ap_thread_t *th, PyObject *task, PyObject *key, PyObject *prev)
+{
+    ap_ns_t now = ap_clock_wall();
+    PyObject *coro = PyObject_CallMethod(task, "get_coro", NULL);
+    if (!coro)
+        return;
+    int fresh = coro != Py_None ? coro_unstarted(coro) : 0;
+    if (fresh <= 0) {
+        Py_DECREF(coro);
+        return;   /* a task that existed before profiling began, run by hand: not eager */
+    }
+    /* Queue the CPU weight of what ran before, up to now. */
+    ap_cpu_item_t it;
+    if (th->depth > 0 && running_item(th, &it)) {
+        it.weight = now - th->seg_start;
+        if (it.weight > 0) {
+            ap_cpu_charge(s, th, it, now);
+            th->charged += it.weight;
+        }
+    } else if (th->depth == 0 && th->loop && th->last_edge > 0 && now > th->last_edge) {
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, th->loop, now - th->last_edge}, now);
+        th->last_edge = now;
+    }
+    ap_task_t *t = ap_task_new(s, th, task, now, 1, coro);   /* its parent is th->task */
+    Py_DECREF(coro);
+    if (!t)
+        return;
+    ap_eager_t *e = &th->eager[th->n_eager++];
+    *e = (ap_eager_t){.t = t, .task = task, .key = key, .prev = prev, .prev_task = th->task, .prev_cb = th->cb,
+                      .begin = now, .prev_nested = th->nested, .prev_charged = th->charged};
+    th->task = t;
+    th->cb = AP_NONE;
+    th->nested = th->charged = 0;
+    th->seg_start = now;
+    th->depth++;
+    th->step_serial++;   /* another task's step: the sampler's awaiter prefix changes */
+    ap_task_step_begin(s, th, t, task, now);
+}
+
+static void eager_end(ap_session_t *s, ap_thread_t *th)
+{
+    ap_ns_t end = ap_clock_wall();
+    ap_eager_t e = th->eager[--th->n_eager];
+    ap_task_t *t = e.t;
+    ap_ns_t dur = end - t->t_step;
+    /* As in hook_run: read what a slow-step record needs before step_end may free t. */
+    ap_slow_t rec = {.dur = dur, .task = t->kept ? t->id : 0, .coro = t->coro_idx, .cb = AP_NONE,
+                     .site_start = AP_NONE, .site_end = AP_NONE, .at = e.begin - s->t0};
+    uint64_t id = t->id;
+    PyObject *coro = t->coro;
+    int state = ap_task_step_end(s, th, t, e.task, end);   /* may free t */
+    th->depth--;
+    th->task = e.prev_task;
+    th->cb = e.prev_cb;
+    th->nested = e.prev_nested + (end - e.begin);
+    th->charged = e.prev_charged;
+    th->seg_start = end;
+    th->step_serial++;
+    if (e.prev_task && e.prev_task->state == AP_RUNNING) {
+        /* The creator's step excludes this one: it waited for it, ready and not running,
+         * which is scheduled time (busy + scheduled + idle stays its lifetime). */
+        ap_task_t *c = e.prev_task;
+        c->t_step += end - e.begin;
+        c->scheduled += end - e.begin;
+        if (c->coro_idx != AP_NONE)
+            s->coros[c->coro_idx].scheduled += end - e.begin;
+    }
+    if (th->depth == 0 && th->loop)
+        th->last_edge = end;
+    if (s->trace)
+        ap_trace_add(s, AP_EV_RUN, id, ap_trace_where(s, th->loop, th->ident), e.begin, end, AP_NONE);
+    if (th->loop && dur >= s->slow_ns && !s->disabled) {
+        if (state == AP_SUSPENDED && coro)
+            rec.site_end = ap_chain_site(s, ap_chain_of(s, coro));
+        ap_loop_slow(s, th->loop, &rec);
+    }
+}
+
+static int eager_watch(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *value)
 {
     ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (!s || s->disabled || nargs < 3 || !(th = ap_thread_get(s)) || th->n_eager == 0)
-        Py_RETURN_NONE;
-    ap_ns_t begin = th->eager_begin[--th->n_eager], end = ap_clock_wall();
-    PyObject *task = args[2];
-    if (!is_task(s, task))
-        Py_RETURN_NONE;
+    if (!s || s->disabled || (event != PyDict_EVENT_ADDED && event != PyDict_EVENT_MODIFIED &&
+                              event != PyDict_EVENT_DELETED))
+        return 0;
+    ap_thread_t *th = ap_thread_get(s);
+    if (!th)
+        return 0;
+    if (th->n_eager == 0 && (!value || (th->task && th->task->addr == (uintptr_t)value)))
+        return 0;   /* a regular step entering or leaving: the common case */
     ap_exc_state_t exc;
     ap_exc_save(&exc);
-    /* The factory's frame, still alive at PY_RETURN, holds the coroutine in `coro`. */
-    PyObject *coro = NULL;
-    PyFrameObject *f = ap_current_frame();
-    PyObject *locals = f ? PyObject_GetAttrString((PyObject *)f, "f_locals") : NULL;
-    if (locals) {
-        coro = PyMapping_GetItemString(locals, "coro");
-        Py_DECREF(locals);
-    }
+    PyObject *prev = PyDict_GetItemWithError(dict, key);   /* borrowed; before the change */
     PyErr_Clear();
-    ap_task_t *t = ap_task_find(s, task);
-    if (!t && coro) {
-        t = ap_task_new(s, th, task, begin, 1, coro);
-        if (t) {
-            ap_task_t *prev = th->task;
-            ap_task_step_begin(s, th, t, task, begin);
-            ap_task_step_end(s, th, t, task, end);   /* may free t: not used after */
-            th->task = prev;
-        }
-    } else if (t->steps == 0 && t->t_created >= begin) {
-        /* It rescheduled itself during the eager step, so call_soon saw it first,
-         * without a creation site: the step was begin..end and it is ready since end. */
-        t->created = ap_creation_site(s);
-        t->parent = th->task ? th->task->id : 0;
-        t->t_created = t->t_first = begin;
-        t->t_mark = end;
-        t->steps = 1;
-        t->yields = 1;
-        t->busy += end - begin;
-        t->max_step = end - begin;
-        if (t->coro_idx != AP_NONE) {
-            ap_coro_t *c = &s->coros[t->coro_idx];
-            c->steps++;
-            c->busy += end - begin;
-            if (end - begin > c->max_step)
-                c->max_step = end - begin;
-            ap_hist_add(&c->hist, end - begin);
-        }
+    if (th->n_eager > 0 && th->eager[th->n_eager - 1].key == key && th->eager[th->n_eager - 1].prev == value) {
+        eager_end(s, th);
+    } else if (value && th->n_eager < AP_MAX_EAGER && is_task(s, value) && !ap_task_find(s, value)) {
+        eager_begin(s, th, value, key, prev);
     }
-    Py_XDECREF(coro);
     if (PyErr_Occurred())
-        ap_fault(s, "accounting an eager task");
+        ap_fault(s, "accounting an eager task step");
     ap_exc_restore(&exc);
-    Py_RETURN_NONE;
+    return 0;
 }
+
+int ap_eager_watch_start(ap_session_t *Py_UNUSED(s))
+{
+    if (watcher_id < 0 && (watcher_id = PyDict_AddWatcher(eager_watch)) < 0) {
+        PyErr_Clear();   /* every watcher slot is taken: eager first steps go unseen */
+        return 0;
+    }
+    static const char *const where[2][2] = {{"_asyncio", "_current_tasks"}, {"asyncio.tasks", "_current_tasks"}};
+    for (int i = 0; i < 2; i++) {
+        PyObject *m = PyImport_ImportModule(where[i][0]);
+        PyObject *d = m ? PyObject_GetAttrString(m, where[i][1]) : NULL;
+        Py_XDECREF(m);
+        PyErr_Clear();
+        if (d && PyDict_CheckExact(d) && d != watched[0] && PyDict_Watch(watcher_id, d) == 0)
+            watched[i] = d;
+        else
+            Py_XDECREF(d);
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+void ap_eager_watch_stop(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (watched[i] && PyDict_Unwatch(watcher_id, watched[i]) < 0)
+            PyErr_Clear();
+        Py_CLEAR(watched[i]);
+    }
+}
+
+#else   /* 3.10, 3.11: no eager tasks */
+
+int ap_eager_watch_start(ap_session_t *Py_UNUSED(s)) { return 0; }
+void ap_eager_watch_stop(void) {}
+
+#endif
