@@ -858,9 +858,16 @@ void ap_cpu_flush(ap_session_t *s, ap_thread_t *th, ap_ns_t now)
     ap_ns_t spent = cpu - th->win_cpu, total = 0;
     for (uint32_t i = 0; i < th->n_pending; i++)
         total += th->pending[i].weight;
+    /* Each item's share is capped at its weight (its wall time): the window's CPU can
+     * exceed the wall time of its items, when select waits (weight 0) used the CPU too
+     * (selectors' Python code around poll(), many ready events). What is over goes to
+     * no row: no step spent it. So cpu <= busy holds for every task, coroutine and
+     * callback. */
     for (uint32_t i = 0; i < th->n_pending && total > 0 && spent > 0; i++) {
         ap_cpu_item_t *it = &th->pending[i];
         ap_ns_t share = (ap_ns_t)((double)spent * (double)it->weight / (double)total);
+        if (share > it->weight)
+            share = it->weight;
         if (it->task)
             it->task->cpu += share;
         if (it->coro != AP_NONE)
