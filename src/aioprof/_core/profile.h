@@ -30,6 +30,8 @@ typedef struct {
     int firstlineno;
     unsigned is_asyncio : 1, is_aioprof : 1, is_internal : 1;
     unsigned is_loop_entry : 1;   /* asyncio code that calls into handles: stacks stop there */
+    unsigned is_create_task : 1;  /* BaseEventLoop.create_task: what it calls is the task factory */
+    unsigned is_handle_runner : 1;   /* _run_once, Handle._run: what the loop runs handles from */
     uint32_t coro;        /* index into s->coros once used as a task's coroutine */
 } ap_code_t;
 
@@ -85,10 +87,15 @@ typedef struct ap_task {
     PyObject *coro_name;  /* strong str: qualname of a coroutine that has no code (Cython) */
     uint32_t coro_idx;    /* index into s->coros */
     uint32_t created;     /* site index or AP_NONE */
+    /* Made while a handle ran but by no Python frame of the program (a callback such as
+     * loop.create_task itself, compiled code): the callback's or the creating task's
+     * coroutine's name and file (strong str, or NULL), and created stays AP_NONE. */
+    PyObject *created_by, *created_by_file;
     uint64_t parent;      /* task id or 0 */
     unsigned long thread;
     int state, result;
     unsigned kept : 1, internal : 1, woke_in_step : 1, need_walk : 1, destroyed : 1;
+    unsigned by_loop : 1;   /* made while a handle ran by no frame of the program (created_by) */
     uint64_t steps, yields;
     ap_ns_t busy, cpu, scheduled, idle, max_step;
     ap_ns_t t_created, t_first, t_end, t_mark, t_step;
@@ -306,8 +313,11 @@ uint32_t ap_chain_site(ap_session_t *s, uint32_t chain);
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle);
 /* Record of a non-task callback; AP_NONE on error. */
 uint32_t ap_cb_get(ap_session_t *s, PyObject *callback);
-/* Creation site of the code running now: first frame outside asyncio and aioprof. */
-uint32_t ap_creation_site(ap_session_t *s);
+/* Creation site of the code running now: the first frame outside asyncio and aioprof,
+ * skipping a task factory's frames (those inside BaseEventLoop.create_task). AP_NONE if
+ * there is none; *by_loop is then 1 when the walk reached the frames that run handles
+ * while a handle runs (no frame of the program made the task). */
+uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop);
 /* Read the task's name again (it may have been set after creation). Never fails. */
 void ap_task_refresh_name(ap_task_t *t, PyObject *task);
 /* Release a task record's references and memory. */

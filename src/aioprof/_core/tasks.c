@@ -78,7 +78,7 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
         PyErr_Clear();
     }
     c->coro = AP_NONE;
-    c->is_loop_entry = 0;
+    c->is_loop_entry = c->is_create_task = c->is_handle_runner = 0;
     if (c->is_asyncio) {
         /* Where the loop calls into handles: a sampled stack stops there. */
         static const char *const entries[] = {"_run", "_run_once", "run_forever", "run_until_complete", "run"};
@@ -86,6 +86,12 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
         for (size_t i = 0; name && i < sizeof entries / sizeof *entries; i++)
             if (PyUnicode_CompareWithASCIIString(name, entries[i]) == 0)
                 c->is_loop_entry = 1;
+        c->is_handle_runner = name && (PyUnicode_CompareWithASCIIString(name, "_run_once") == 0 ||
+                                       PyUnicode_CompareWithASCIIString(name, "_run") == 0);
+        PyObject *tail = name ? PyUnicode_FromString("base_events.py") : NULL;
+        c->is_create_task = tail && PyUnicode_CompareWithASCIIString(name, "create_task") == 0 &&
+                            PyUnicode_Tailmatch(file, tail, 0, PY_SSIZE_T_MAX, 1) == 1;
+        Py_XDECREF(tail);
         Py_XDECREF(name);
         PyErr_Clear();
     }
@@ -245,11 +251,22 @@ static int coro_unstarted(PyObject *coro)
     return r;
 }
 
-uint32_t ap_creation_site(ap_session_t *s)
+#define FACTORY_FRAMES 4   /* frames of the program a task factory may span */
+
+uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop)
 {
+    /* Walk out from the frame that called Task(). The first frame of the program (not in
+     * asyncio or aioprof) is the site, unless a few frames further out asyncio's
+     * BaseEventLoop.create_task called it: then it was the loop's task factory (with the
+     * helpers it calls), skipped as asyncio's frames are, and the walk goes on. Inside a
+     * handle, reaching the frames that run handles (_run_once) first means that no frame of
+     * the program made the task (a callback that is loop.create_task itself, compiled
+     * code): never a line further out, such as the asyncio.run() that runs the loop. */
     PyFrameObject *f = ap_current_frame();
     Py_XINCREF(f);
     uint32_t site = AP_NONE;
+    int ahead = 0;
+    *by_loop = 0;
     for (int depth = 0; f && depth < 128; depth++) {
         PyCodeObject *code = PyFrame_GetCode(f);
         uint32_t c = ap_code_get(s, (PyObject *)code);
@@ -257,12 +274,27 @@ uint32_t ap_creation_site(ap_session_t *s)
             Py_DECREF(code);
             break;
         }
-        if (!s->codes[c].is_asyncio && !s->codes[c].is_aioprof) {
+        ap_code_t *cr = &s->codes[c];
+        if (cr->is_asyncio || cr->is_aioprof) {
+            Py_DECREF(code);
+            if (site != AP_NONE && !cr->is_create_task)
+                break;   /* the site stands */
+            site = AP_NONE;   /* (what create_task called: a task factory) */
+            if (th->depth > 0 && cr->is_handle_runner) {
+                *by_loop = 1;
+                break;
+            }
+        } else if (site == AP_NONE) {
             site = ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f));
             Py_DECREF(code);
-            break;
+            if (site == AP_NONE)
+                break;   /* out of memory */
+            ahead = 0;
+        } else {
+            Py_DECREF(code);
+            if (++ahead >= FACTORY_FRAMES)
+                break;
         }
-        Py_DECREF(code);
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
@@ -304,6 +336,25 @@ static uint32_t coro_get(ap_session_t *s, PyObject *coro)
     return s->n_coros++;
 }
 
+/* A task made by no frame of the program: name what ran, the callback or the step of a
+ * task (its coroutine). */
+static void creator_of(ap_session_t *s, const ap_thread_t *th, ap_task_t *t)
+{
+    uint32_t code = AP_NONE;
+    t->by_loop = 1;
+    if (th->cb != AP_NONE) {
+        t->created_by = Py_NewRef(s->cbs[th->cb].name);
+        code = s->cbs[th->cb].code;
+    } else if (th->task && th->task->coro_idx != AP_NONE) {
+        code = s->coros[th->task->coro_idx].code;
+        t->created_by = Py_NewRef(s->codes[code].qualname);
+    } else if (th->task && th->task->coro_name) {
+        t->created_by = Py_NewRef(th->task->coro_name);
+    }
+    if (code != AP_NONE)
+        t->created_by_file = Py_NewRef(s->codes[code].filename);
+}
+
 ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now, int fresh_hint,
                        PyObject *coro_hint)
 {
@@ -334,10 +385,13 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     if (fresh < 0)
         goto error;
     if (fresh) {
-        t->created = ap_creation_site(s);
+        int by_loop;
+        t->created = ap_creation_site(s, th, &by_loop);
         if (PyErr_Occurred())
             goto error;
         t->parent = th->task ? th->task->id : 0;
+        if (by_loop)
+            creator_of(s, th, t);
     }
     t->coro_idx = coro_get(s, coro);
     if (PyErr_Occurred())
@@ -405,6 +459,8 @@ void ap_task_free(ap_task_t *t)
     Py_XDECREF(t->name);
     Py_XDECREF(t->exc_name);
     Py_XDECREF(t->coro_name);
+    Py_XDECREF(t->created_by);
+    Py_XDECREF(t->created_by_file);
     PyMem_RawFree(t->awaits);
     PyMem_RawFree(t);
 }

@@ -158,6 +158,14 @@ def _loc_of(obj: Any) -> str:
     return _loc(obj.get("file"), obj.get("line"))
 
 
+def _created_at(obj: Any) -> str:
+    """A task's creation site; for one made by no line of the program (by a callback or
+    compiled code, docs/json.md), the name of what made it in parentheses, or "-"."""
+    if isinstance(obj, dict) and obj.get("line") is None:
+        return f"({obj['function']})" if obj.get("function") else "-"
+    return _loc_of(obj)
+
+
 def _cut(s: str, width: int, ellipsis: str) -> str:
     """`s` cut to `width` characters, ending with the ellipsis when cut."""
     if len(s) <= width:
@@ -405,7 +413,7 @@ class _Renderer:
             _int_col("id", "id"),
             _Col("name", lambda r: _str(r.get("name")), flex=8, drop=5),
             _Col("coroutine", lambda r: _str(r.get("coroutine")), flex=10),
-            _Col("created at", lambda r: _loc_of(r.get("created_at")), flex=10, drop=3),
+            _Col("created at", lambda r: _created_at(r.get("created_at")), flex=10, drop=3),
             _Col("parent", lambda r: _int(r.get("parent")), right=True, drop=9),
             _Col("state", state, flex=9, drop=8),
             _int_col("steps", "steps"),
