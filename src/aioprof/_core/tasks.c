@@ -588,6 +588,105 @@ static PyObject *asyncgen_of_awaitable(PyObject *obj)
     return Py_XNewRef(found);
 }
 
+/* ---- awaitables that are not async def coroutines */
+
+#define N_TYPE_CACHE 16
+
+/* Is `tp` an asyncio future type (what a chain ends at)? They all have the class
+ * attribute _asyncio_future_blocking. Cached per type (strong references: few types). */
+static int is_future_type(PyTypeObject *tp)
+{
+    static PyTypeObject *types[N_TYPE_CACHE];
+    static char future[N_TYPE_CACHE];
+    static int n;
+    for (int i = 0; i < n; i++)
+        if (types[i] == tp)
+            return future[i];
+    int r = PyObject_HasAttrString((PyObject *)tp, "_asyncio_future_blocking");
+    if (n < N_TYPE_CACHE) {
+        types[n] = (PyTypeObject *)Py_NewRef((PyObject *)tp);
+        future[n++] = (char)r;
+    }
+    return r;
+}
+
+static int is_coroutine_like(PyObject *o)
+{
+    return PyCoro_CheckExact(o) || PyGen_Check(o) || PyAsyncGen_CheckExact(o) ||
+           strcmp(Py_TYPE(o)->tp_name, "coroutine_wrapper") == 0;
+}
+
+typedef struct {
+    PyObject *found;
+    PyObject *const *seen;
+    int n_seen;
+} find_t;
+
+static int seen_in(const find_t *f, PyObject *o)
+{
+    for (int i = 0; i < f->n_seen; i++)
+        if (f->seen[i] == o)
+            return 1;
+    return 0;
+}
+
+/* tp_traverse visitor: the first coroutine, generator or coroutine_wrapper referred to,
+ * directly (a __slots__ member, what a coroutine_wrapper wraps) or as a value of the
+ * instance dict; not one already on the chain. */
+static int find_coroutine(PyObject *o, void *arg)
+{
+    find_t *f = arg;
+    if (!o || f->found)
+        return f->found != NULL;
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (!f->found && PyDict_Next(o, &pos, &k, &v))
+            if (is_coroutine_like(v) && !seen_in(f, v))
+                f->found = v;
+    } else if (!PyType_Check(o) && is_coroutine_like(o) && !seen_in(f, o)) {
+        f->found = o;
+    }
+    return f->found != NULL;
+}
+
+/* What an awaitable that is neither a coroutine, a generator nor an async generator is
+ * waiting on (new reference), or NULL (no error) when the chain ends at it: a Cython
+ * coroutine or generator (its cr_await / gi_yieldfrom), the coroutine_wrapper that
+ * coro.__await__() returns, an object of a Python class that drives a coroutine it
+ * holds (a custom coroutine class, an __await__ iterator). An asyncio future ends it.
+ * seen: the chain's objects so far, never gone back to. */
+static PyObject *awaited_by_other(PyObject *obj, PyObject *const *seen, int n_seen)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    int fut = is_future_type(tp);
+    if (fut != 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    static const char *const links[] = {"cr_await", "gi_yieldfrom"};
+    for (int i = 0; i < 2; i++) {
+        /* Looked up on the type first: no __getattr__ of the program runs. */
+        PyObject *d = PyObject_GetAttrString((PyObject *)tp, links[i]);
+        if (!d) {
+            PyErr_Clear();
+            continue;
+        }
+        Py_DECREF(d);
+        PyObject *next = PyObject_GetAttrString(obj, links[i]);
+        if (!next || next == Py_None) {
+            Py_XDECREF(next);
+            PyErr_Clear();
+            return NULL;
+        }
+        return next;
+    }
+    find_t f = {NULL, seen, n_seen};
+    if (tp->tp_traverse)
+        tp->tp_traverse(obj, find_coroutine, &f);
+    return Py_XNewRef(f.found);
+}
+
 /* Walk the await chain of `coro` (outermost first) into out[]; frames in asyncio's
  * own package are dropped unless nothing else is left. Their code is read through
  * cr_code, which is cheap; only the kept frames' lines are computed. Async generators
@@ -599,13 +698,23 @@ static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
     int n = 0;
     PyObject *last_asyncio = NULL, *last_asyncio_code = NULL;
     int last_kind = K_CORO;
+    PyObject *seen[64];   /* the chain's objects (borrowed, compared only) */
+    int n_seen = 0;
     PyObject *cur = Py_NewRef(coro);
     for (int depth = 0; cur && cur != Py_None && depth < 256; depth++) {
+        if (n_seen < 64)
+            seen[n_seen++] = cur;
         int k = PyCoro_CheckExact(cur) ? K_CORO : PyGen_Check(cur) ? K_GEN : PyAsyncGen_CheckExact(cur) ? K_ASYNCGEN : -1;
         if (k < 0) {
             PyObject *gen = asyncgen_of_awaitable(cur);
-            if (!gen)
-                break;   /* a Future or another awaitable: the chain ends here */
+            if (!gen) {
+                /* Not an async def coroutine: follow it to what it awaits, if it says. */
+                PyObject *next = awaited_by_other(cur, seen, n_seen);
+                if (!next)
+                    break;   /* a Future or another awaitable: the chain ends here */
+                Py_SETREF(cur, next);
+                continue;
+            }
             Py_SETREF(cur, gen);
             k = K_ASYNCGEN;
         }
