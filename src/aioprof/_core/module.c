@@ -113,6 +113,7 @@ static void session_free(ap_session_t *s)
     Py_XDECREF(s->faults);
     Py_XDECREF(s->asyncio_dir);
     Py_XDECREF(s->aioprof_dir);
+    Py_XDECREF(s->stdlib_dir);
     Py_XDECREF(s->asyncio_all);
     Py_XDECREF(s->task_types);
     Py_XDECREF(s->timer_type);
@@ -218,10 +219,11 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     s->sample_interval = interval;
     s->async_stacks = async_stacks;
     s->faults = PyList_New(0);
-    static PyObject *asyncio_dir, *aioprof_dir;   /* see package_dir_once */
+    static PyObject *asyncio_dir, *aioprof_dir, *stdlib_dir;   /* see package_dir_once */
     s->asyncio_dir = package_dir_once("asyncio", &asyncio_dir);
     s->aioprof_dir = s->asyncio_dir ? package_dir_once("aioprof", &aioprof_dir) : NULL;
-    PyObject *asyncio = s->aioprof_dir ? PyImport_ImportModule("asyncio") : NULL;
+    s->stdlib_dir = s->aioprof_dir ? package_dir_once("os", &stdlib_dir) : NULL;
+    PyObject *asyncio = s->stdlib_dir ? PyImport_ImportModule("asyncio") : NULL;
     s->asyncio_all = asyncio ? PyObject_GetAttrString(asyncio, "__all__") : NULL;
     Py_XDECREF(asyncio);
     s->task_types = s->asyncio_all ? task_types() : NULL;

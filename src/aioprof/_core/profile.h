@@ -32,6 +32,7 @@ typedef struct {
     unsigned is_loop_entry : 1;   /* asyncio code that calls into handles: stacks stop there */
     unsigned is_create_task : 1;  /* BaseEventLoop.create_task: what it calls is the task factory */
     unsigned is_handle_runner : 1;   /* _run_once, Handle._run: what the loop runs handles from */
+    unsigned is_library : 1;      /* not the program's: stdlib, site-/dist-packages, aioprof */
     uint32_t coro;        /* index into s->coros once used as a task's coroutine */
 } ap_code_t;
 
@@ -233,6 +234,7 @@ typedef struct {
     int disabled;         /* a fault switched accounting off */
     PyObject *faults;     /* list of str */
     PyObject *asyncio_dir, *aioprof_dir;   /* strong str, with trailing separator */
+    PyObject *stdlib_dir;                  /* the same, of os.py: the standard library */
     PyObject *asyncio_all;                 /* asyncio.__all__: its public names */
     PyObject *task_types; /* tuple of task classes */
     PyObject *timer_type; /* asyncio.TimerHandle */
@@ -308,6 +310,9 @@ int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *t
 uint32_t ap_chain_of(ap_session_t *s, PyObject *coro);
 /* The await site of a chain: its innermost frame outside asyncio. */
 uint32_t ap_chain_site(ap_session_t *s, uint32_t chain);
+/* The innermost line of a chain in the program's own code (not in the standard library,
+ * site-/dist-packages or aioprof), or AP_NONE. */
+uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain);
 /* Charge one suspension of `idle` ns to every line of the chain and to the task's
  * await sites. 0, or -1 on out of memory (error set). */
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle);

@@ -162,9 +162,10 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
         ap_chain_t *c = &s->chains[aw[i].chain];
         uint32_t site = c->sites[c->n - 1];
         ap_code_t *code = &s->codes[s->sites[site].code];
-        PyObject *o = dict_of(6, "file", Py_NewRef(code->filename), "line", PyLong_FromLong(s->sites[site].line),
+        PyObject *o = dict_of(7, "file", Py_NewRef(code->filename), "line", PyLong_FromLong(s->sites[site].line),
                               "function", Py_NewRef(code->qualname), "count", PyLong_FromUnsignedLong(aw[i].count),
-                              "idle_ns", ns(aw[i].idle), "chain", chain_obj(s, aw[i].chain));
+                              "idle_ns", ns(aw[i].idle), "chain", chain_obj(s, aw[i].chain),
+                              "user_site", site_obj(s, ap_chain_user_site(s, aw[i].chain)));
         if (!o || PyList_Append(awaits, o) < 0)
             Py_CLEAR(awaits);
         Py_XDECREF(o);

@@ -31,6 +31,28 @@ static int starts_with(PyObject *str, PyObject *prefix)
 
 /* ------------------------------------------------------------------ codes, sites */
 
+/* Is `file` installed code: in a site-packages or dist-packages directory, or frozen
+ * (<frozen ...>, the standard library's)? */
+static int is_packages_file(PyObject *file)
+{
+    if (!PyUnicode_Check(file))
+        return 0;
+    static const char *const marks[] = {"/site-packages/", "/dist-packages/", "\\site-packages\\",
+                                        "\\dist-packages\\", "<frozen "};
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++) {
+        PyObject *m = PyUnicode_FromString(marks[i]);
+        Py_ssize_t at = m ? PyUnicode_Find(file, m, 0, PY_SSIZE_T_MAX, 1) : -2;
+        Py_XDECREF(m);
+        if (at == -2) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (at >= 0)
+            return 1;
+    }
+    return 0;
+}
+
 uint32_t ap_code_get(ap_session_t *s, PyObject *code)
 {
     uintptr_t v = ap_table_get(&s->code_idx, (uintptr_t)code);
@@ -58,6 +80,7 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
     Py_DECREF(first);
     c->is_asyncio = starts_with(file, s->asyncio_dir);
     c->is_aioprof = starts_with(file, s->aioprof_dir);
+    c->is_library = c->is_aioprof || starts_with(file, s->stdlib_dir) || is_packages_file(file);
     /* asyncio's own coroutines (BaseEventLoop.shutdown_asyncgens, ...) are internal;
      * the public ones in asyncio.__all__, such as sleep(), are what the user asked for. */
     c->is_internal = 0;
@@ -775,6 +798,16 @@ uint32_t ap_chain_of(ap_session_t *s, PyObject *coro)
 uint32_t ap_chain_site(ap_session_t *s, uint32_t chain)
 {
     return chain == AP_NONE ? AP_NONE : s->chains[chain].sites[s->chains[chain].n - 1];
+}
+
+uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain)
+{
+    for (uint32_t i = chain == AP_NONE ? 0 : s->chains[chain].n; i-- > 0;) {
+        uint32_t site = s->chains[chain].sites[i];
+        if (!s->codes[s->sites[site].code].is_library)
+            return site;
+    }
+    return AP_NONE;
 }
 
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle)
