@@ -84,7 +84,7 @@ def test_select_cpu_is_no_steps_cpu():
 
 
 @pytest.mark.sanitize
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)   # max_examples: the profile's (fewer under the sanitizers)
 @given(st.lists(st.lists(steps_st(), max_size=4), min_size=1, max_size=4),
        st.lists(steps_st(), max_size=3),
        st.lists(steps_st(), max_size=12),
