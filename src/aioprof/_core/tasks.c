@@ -394,8 +394,8 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     t->t_created = t->t_mark = now;
     t->t_first = t->t_end = -1;
 
-    /* 3.12.1's get_coro() crashes on a task that finished eagerly (its coroutine is
-     * cleared), hence the hint from the eager factory's frame. */
+    /* (3.12.1's get_coro() crashes on a task that finished eagerly, its coroutine
+     * cleared: an eager task is first seen before its step, see eager_begin.) */
     PyObject *coro = coro_hint ? Py_NewRef(coro_hint) : PyObject_CallMethod(task, "get_coro", NULL);
     if (!coro)
         goto error;
