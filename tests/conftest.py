@@ -66,6 +66,17 @@ def run_aioprof() -> RunAioprof:
     build as this process, captures stdout and stderr as text, and returns the
     CompletedProcess (it does not check the exit code). `env` adds to os.environ.
     """
+    return _aioprof_runner()
+
+
+@pytest.fixture(scope="module")
+def run_aioprof_module() -> RunAioprof:
+    """`run_aioprof` for a module-scoped fixture: one run that several tests share."""
+    return _aioprof_runner()
+
+
+def _aioprof_runner() -> RunAioprof:
+    """The `run` function of `run_aioprof`."""
 
     def run(args: Sequence[Union[str, os.PathLike]], *, cwd: Optional[os.PathLike] = None,
             env: Optional[Mapping[str, str]] = None, timeout: float = 120,

@@ -30,40 +30,6 @@ def _to_seconds(obj: Any) -> Any:
     return obj
 
 
-def _watch_eager_factory(core: Any) -> Optional[tuple]:
-    """On 3.12+, watch asyncio's eager task factory with sys.monitoring local events:
-    an eager task's first step runs inside Task(), where no loop hook sees it (docs/
-    metrics.md). Only that one code object is instrumented. Returns what to undo, or
-    None (older Python, or every free tool id is taken)."""
-    monitoring = getattr(sys, "monitoring", None)
-    factory = getattr(__import__("asyncio").tasks, "create_eager_task_factory", None)
-    if monitoring is None or factory is None:
-        return None
-    code = factory(__import__("asyncio").Task).__code__   # shared by every eager factory
-    for tool in (4, 3, 5, 1):
-        try:
-            monitoring.use_tool_id(tool, "aioprof")
-        except ValueError:
-            continue
-        events = monitoring.events
-        monitoring.register_callback(tool, events.PY_START, core._eager_begin)
-        monitoring.register_callback(tool, events.PY_RETURN, core._eager_end)
-        monitoring.set_local_events(tool, code, events.PY_START | events.PY_RETURN)
-        return tool, code
-    return None
-
-
-def _unwatch_eager_factory(handle: Optional[tuple]) -> None:
-    if handle is None:
-        return
-    tool, code = handle
-    monitoring = sys.monitoring
-    monitoring.set_local_events(tool, code, 0)
-    monitoring.register_callback(tool, monitoring.events.PY_START, None)
-    monitoring.register_callback(tool, monitoring.events.PY_RETURN, None)
-    monitoring.free_tool_id(tool)
-
-
 def _check_number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number (int or float), not {type(value).__name__} {value!r}")
@@ -236,7 +202,6 @@ class Profiler:
         self.slow_ms = float(slow_ms)
         self._final: Optional[dict] = None
         self._running = False
-        self._eager: Optional[tuple] = None
         self._uvloop: Optional[_UvloopWatch] = None
 
     # -- life cycle ---------------------------------------------------------------
@@ -249,7 +214,6 @@ class Profiler:
 
         _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
                     int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
-        self._eager = _watch_eager_factory(_core)
         if "uvloop" not in sys.modules:   # else the core hooked it in start()
             self._uvloop = _UvloopWatch(_core._uv_hook)
             sys.meta_path.insert(0, self._uvloop)
@@ -264,7 +228,6 @@ class Profiler:
         if self._running:
             self._running = False
             atexit.unregister(self.stop)
-            _unwatch_eager_factory(self._eager)
             if self._uvloop is not None:
                 self._uvloop.remove()
                 self._uvloop = None

@@ -83,6 +83,10 @@ static inline PyObject *ap_weakref_get(PyObject *wr)
  * the qualified name of a coroutine comes from the coroutine object itself. */
 #define AP_CODE_HAS_QUALNAME (PY_VERSION_HEX >= 0x030B0000)
 
+/* Dict watchers (PyDict_AddWatcher), 3.12+: how eager task starts are seen (tasks.c).
+ * 3.12 is also where eager tasks appeared. */
+#define AP_HAVE_DICT_WATCH (PY_VERSION_HEX >= 0x030C0000)
+
 /* The index of a frame's last instruction: public API from 3.11, a struct field before. */
 static inline int ap_frame_lasti(PyFrameObject *f)
 {

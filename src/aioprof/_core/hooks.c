@@ -321,6 +321,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     th->cb = cbi;
     th->cur_ready = wake_ready;
     th->depth++;
+    ap_handle_segments_reset(th, now);
     if (th->sampled)
         ap_sampler_step(th, now, 1);
     if (l && th->last_edge > 0 && now > th->last_edge)
@@ -334,7 +335,8 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
     }
     ap_exc_state_t exc;
     ap_exc_save(&exc);
-    ap_ns_t end = ap_clock_wall(), dur = end - now;
+    /* The eager first steps of tasks it created are theirs, not its (tasks.c). */
+    ap_ns_t end = ap_clock_wall(), dur = end - now - th->nested;
     th->depth--;
     th->task = prev_task;
     th->cb = AP_NONE;
@@ -364,7 +366,9 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
         c->busy += dur;
         if (dur > c->max_step)
             c->max_step = dur;
-        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, cbi, NULL, dur}, end);
+        ap_ns_t weight = dur - th->charged;
+        th->charged = 0;
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, cbi, NULL, weight > 0 ? weight : 0}, end);
         if (dur >= s->slow_ns && l) {
             ap_slow_t rec = {.dur = dur, .coro = AP_NONE, .cb = cbi, .site_start = AP_NONE,
                              .site_end = AP_NONE, .at = now - s->t0};
@@ -686,6 +690,7 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
     ap_task_t *prev = th->task;
     th->task = t;
     th->depth++;
+    ap_handle_segments_reset(th, now);
     if (th->sampled)
         ap_sampler_step(th, now, 1);
     PyObject *r = PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
@@ -701,11 +706,12 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
             ap_trace_add(s, AP_EV_RUN, t ? t->id : 0, ap_trace_where(s, l, th->ident), now, end, AP_NONE);
         if (t && t->state == AP_RUNNING) {
             /* As in hook_run: step_end may free the record of a finished, unkept task. */
-            ap_slow_t rec = {.dur = end - now, .task = t->kept ? t->id : 0, .coro = t->coro_idx,
+            ap_ns_t dur = end - now - th->nested;   /* eager first steps run inside are theirs */
+            ap_slow_t rec = {.dur = dur, .task = t->kept ? t->id : 0, .coro = t->coro_idx,
                              .cb = AP_NONE, .site_start = t->last_site, .site_end = AP_NONE, .at = now - s->t0};
             PyObject *coro = t->coro;
             int state = ap_task_step_end(s, th, t, task, end);
-            if (end - now >= s->slow_ns && l && still_live(s, gen)) {
+            if (dur >= s->slow_ns && l && still_live(s, gen)) {
                 if (state == AP_SUSPENDED && coro)
                     rec.site_end = ap_chain_site(s, ap_chain_of(s, coro));
                 ap_loop_slow(s, l, &rec);

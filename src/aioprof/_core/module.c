@@ -113,6 +113,7 @@ static void session_free(ap_session_t *s)
     Py_XDECREF(s->faults);
     Py_XDECREF(s->asyncio_dir);
     Py_XDECREF(s->aioprof_dir);
+    Py_XDECREF(s->stdlib_dir);
     Py_XDECREF(s->asyncio_all);
     Py_XDECREF(s->task_types);
     Py_XDECREF(s->timer_type);
@@ -218,10 +219,11 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     s->sample_interval = interval;
     s->async_stacks = async_stacks;
     s->faults = PyList_New(0);
-    static PyObject *asyncio_dir, *aioprof_dir;   /* see package_dir_once */
+    static PyObject *asyncio_dir, *aioprof_dir, *stdlib_dir;   /* see package_dir_once */
     s->asyncio_dir = package_dir_once("asyncio", &asyncio_dir);
     s->aioprof_dir = s->asyncio_dir ? package_dir_once("aioprof", &aioprof_dir) : NULL;
-    PyObject *asyncio = s->aioprof_dir ? PyImport_ImportModule("asyncio") : NULL;
+    s->stdlib_dir = s->aioprof_dir ? package_dir_once("os", &stdlib_dir) : NULL;
+    PyObject *asyncio = s->stdlib_dir ? PyImport_ImportModule("asyncio") : NULL;
     s->asyncio_all = asyncio ? PyObject_GetAttrString(asyncio, "__all__") : NULL;
     Py_XDECREF(asyncio);
     s->task_types = s->asyncio_all ? task_types() : NULL;
@@ -241,6 +243,7 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
         session_free(s);
         return NULL;
     }
+    ap_eager_watch_start(s);
     PyObject *sig_handler = PyObject_GetAttrString(module, "_sample_signal");
     int sampler = sig_handler ? ap_sampler_start(s, sig_handler) : -1;
     Py_XDECREF(sig_handler);
@@ -274,6 +277,7 @@ static PyObject *mod_stop(PyObject *module, PyObject *Py_UNUSED(unused))
         return NULL;
     }
     ap_sampler_stop();
+    ap_eager_watch_stop();
     ap_hooks_release();
     PyObject *snap = mod_snapshot(module, NULL);
     s->t_stop = ap_clock_wall();
@@ -381,10 +385,6 @@ static PyMethodDef methods[] = {
     {"monitor_close", ap_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
     {"monitor_observers", ap_monitor_observers, METH_O, "monitor_observers(id) -> list: its observers."},
     {"monitor_read", ap_monitor_read, METH_O, "monitor_read(id) -> dict: its figures now."},
-    {"_eager_begin", (PyCFunction)(void (*)(void))ap_eager_begin, METH_FASTCALL,
-     "sys.monitoring PY_START callback on the eager task factory (internal)."},
-    {"_eager_end", (PyCFunction)(void (*)(void))ap_eager_end, METH_FASTCALL,
-     "sys.monitoring PY_RETURN callback on the eager task factory (internal)."},
     {"_sample_signal", (PyCFunction)(void (*)(void))ap_sample_signal, METH_FASTCALL,
      "_sample_signal(signum, frame): the sampling signal's handler (internal; 3.10-3.12)."},
     {"_uv_hook", mod_uv_hook, METH_NOARGS, "_uv_hook(): hook uvloop, just imported by the program (internal)."},

@@ -30,6 +30,9 @@ typedef struct {
     int firstlineno;
     unsigned is_asyncio : 1, is_aioprof : 1, is_internal : 1;
     unsigned is_loop_entry : 1;   /* asyncio code that calls into handles: stacks stop there */
+    unsigned is_create_task : 1;  /* BaseEventLoop.create_task: what it calls is the task factory */
+    unsigned is_handle_runner : 1;   /* _run_once, Handle._run: what the loop runs handles from */
+    unsigned is_library : 1;      /* not the program's: stdlib, site-/dist-packages, aioprof */
     uint32_t coro;        /* index into s->coros once used as a task's coroutine */
 } ap_code_t;
 
@@ -85,10 +88,15 @@ typedef struct ap_task {
     PyObject *coro_name;  /* strong str: qualname of a coroutine that has no code (Cython) */
     uint32_t coro_idx;    /* index into s->coros */
     uint32_t created;     /* site index or AP_NONE */
+    /* Made while a handle ran but by no Python frame of the program (a callback such as
+     * loop.create_task itself, compiled code): the callback's or the creating task's
+     * coroutine's name and file (strong str, or NULL), and created stays AP_NONE. */
+    PyObject *created_by, *created_by_file;
     uint64_t parent;      /* task id or 0 */
     unsigned long thread;
     int state, result;
     unsigned kept : 1, internal : 1, woke_in_step : 1, need_walk : 1, destroyed : 1;
+    unsigned by_loop : 1;   /* made while a handle ran by no frame of the program (created_by) */
     uint64_t steps, yields;
     ap_ns_t busy, cpu, scheduled, idle, max_step;
     ap_ns_t t_created, t_first, t_end, t_mark, t_step;
@@ -169,6 +177,18 @@ typedef struct {
     ap_ns_t weight;
 } ap_cpu_item_t;
 
+/* An eager first step that is running (see tasks.c, "eager tasks"). */
+typedef struct {
+    struct ap_task *t;        /* its record (the task object lives: Task() is running) */
+    PyObject *task;           /* borrowed: the task */
+    PyObject *key, *prev;     /* borrowed, compared only: the loop, and its current task before */
+    struct ap_task *prev_task;   /* what ran before: th->task, th->cb, and their accounting */
+    uint32_t prev_cb;
+    ap_ns_t begin, prev_nested, prev_charged;
+} ap_eager_t;
+
+#define AP_MAX_EAGER 8
+
 /* Per thread that ran a hook. */
 typedef struct ap_thread {
     struct ap_thread *next;
@@ -186,8 +206,12 @@ typedef struct ap_thread {
     /* the awaiting-task prefix of the running task's stack, computed once per step */
     uint64_t prefix_step;
     uint32_t prefix[64], n_prefix;
-    ap_ns_t eager_begin[8];   /* eager task factories running in this thread (3.12+) */
+    /* Eager first steps (3.12+) running in this thread, innermost last (tasks.c). A
+     * handle's busy time excludes the eager steps run inside it (nested), and its CPU
+     * weight is queued in segments around them (charged: what is queued already). */
+    ap_eager_t eager[AP_MAX_EAGER];
     int n_eager;
+    ap_ns_t nested, charged, seg_start;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
     ap_ns_t io_end;       /* when select last returned in this thread */
     ap_ns_t tick_select;  /* select wait inside the current tick */
@@ -210,6 +234,7 @@ typedef struct {
     int disabled;         /* a fault switched accounting off */
     PyObject *faults;     /* list of str */
     PyObject *asyncio_dir, *aioprof_dir;   /* strong str, with trailing separator */
+    PyObject *stdlib_dir;                  /* the same, of os.py: the standard library */
     PyObject *asyncio_all;                 /* asyncio.__all__: its public names */
     PyObject *task_types; /* tuple of task classes */
     PyObject *timer_type; /* asyncio.TimerHandle */
@@ -263,9 +288,17 @@ ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
  * (borrowed), else NULL to ask task.get_coro(). Returns NULL on error (faulted). */
 ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now, int fresh,
                        PyObject *coro);
-/* sys.monitoring callbacks on the eager task factory's code (3.12+). */
-PyObject *ap_eager_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *ap_eager_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* Watch asyncio's current-task dicts for eager first steps (3.12+; a no-op before):
+ * start returns 0, or -1 with an error set; stop never fails. */
+int ap_eager_watch_start(ap_session_t *s);
+void ap_eager_watch_stop(void);
+/* A handle begins at `now` in this thread: no eager step is nested in it yet. */
+static inline void ap_handle_segments_reset(ap_thread_t *th, ap_ns_t now)
+{
+    th->nested = th->charged = 0;
+    th->seg_start = now;
+    th->n_eager = 0;
+}
 /* The task was made ready at `ready` (clamped into [t_mark, now]). */
 void ap_task_wake(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t ready, ap_ns_t now);
 /* A step of the task begins/ends at `now`; `task` is the live task object. */
@@ -277,13 +310,19 @@ int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *t
 uint32_t ap_chain_of(ap_session_t *s, PyObject *coro);
 /* The await site of a chain: its innermost frame outside asyncio. */
 uint32_t ap_chain_site(ap_session_t *s, uint32_t chain);
+/* The innermost line of a chain in the program's own code (not in the standard library,
+ * site-/dist-packages or aioprof), or AP_NONE. */
+uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain);
 /* Charge one suspension of `idle` ns to every line of the chain and to the task's
  * await sites. 0, or -1 on out of memory (error set). */
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle);
 /* Record of a non-task callback; AP_NONE on error. */
 uint32_t ap_cb_get(ap_session_t *s, PyObject *callback);
-/* Creation site of the code running now: first frame outside asyncio and aioprof. */
-uint32_t ap_creation_site(ap_session_t *s);
+/* Creation site of the code running now: the first frame outside asyncio and aioprof,
+ * skipping a task factory's frames (those inside BaseEventLoop.create_task). AP_NONE if
+ * there is none; *by_loop is then 1 when the walk reached the frames that run handles
+ * while a handle runs (no frame of the program made the task). */
+uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop);
 /* Read the task's name again (it may have been set after creation). Never fails. */
 void ap_task_refresh_name(ap_task_t *t, PyObject *task);
 /* Release a task record's references and memory. */

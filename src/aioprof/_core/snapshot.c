@@ -39,6 +39,16 @@ static PyObject *site_obj(ap_session_t *s, uint32_t site)
                    "function", Py_NewRef(c->qualname));
 }
 
+/* Where a task was made: its creation site; or, made by no frame of the program, what
+ * ran (a callback, a task's step) with no line; or null (it existed before profiling). */
+static PyObject *created_obj(ap_session_t *s, const ap_task_t *t)
+{
+    if (t->created != AP_NONE || !t->by_loop)
+        return site_obj(s, t->created);
+    return dict_of(3, "file", Py_NewRef(t->created_by_file ? t->created_by_file : Py_None),
+                   "line", Py_NewRef(Py_None), "function", Py_NewRef(t->created_by ? t->created_by : Py_None));
+}
+
 static PyObject *chain_obj(ap_session_t *s, uint32_t chain)
 {
     ap_chain_t *c = &s->chains[chain];
@@ -152,9 +162,10 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
         ap_chain_t *c = &s->chains[aw[i].chain];
         uint32_t site = c->sites[c->n - 1];
         ap_code_t *code = &s->codes[s->sites[site].code];
-        PyObject *o = dict_of(6, "file", Py_NewRef(code->filename), "line", PyLong_FromLong(s->sites[site].line),
+        PyObject *o = dict_of(7, "file", Py_NewRef(code->filename), "line", PyLong_FromLong(s->sites[site].line),
                               "function", Py_NewRef(code->qualname), "count", PyLong_FromUnsignedLong(aw[i].count),
-                              "idle_ns", ns(aw[i].idle), "chain", chain_obj(s, aw[i].chain));
+                              "idle_ns", ns(aw[i].idle), "chain", chain_obj(s, aw[i].chain),
+                              "user_site", site_obj(s, ap_chain_user_site(s, aw[i].chain)));
         if (!o || PyList_Append(awaits, o) < 0)
             Py_CLEAR(awaits);
         Py_XDECREF(o);
@@ -176,7 +187,7 @@ static PyObject *task_obj(ap_session_t *s, ap_task_t *t, ap_ns_t now, extra_t *c
         line = PyLong_FromLong(0);
     }
     return dict_of(23, "id", u64(t->id), "name", Py_NewRef(t->name), "coroutine", coro_name, "file", file,
-                   "line", line, "created_at", site_obj(s, t->created),
+                   "line", line, "created_at", created_obj(s, t),
                    "parent", t->parent ? u64(t->parent) : Py_NewRef(Py_None),
                    "state", PyUnicode_FromString(states[t->result]),
                    "exception", t->exc_name ? Py_NewRef(t->exc_name) : Py_NewRef(Py_None),

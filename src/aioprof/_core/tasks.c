@@ -31,6 +31,28 @@ static int starts_with(PyObject *str, PyObject *prefix)
 
 /* ------------------------------------------------------------------ codes, sites */
 
+/* Is `file` installed code: in a site-packages or dist-packages directory, or frozen
+ * (<frozen ...>, the standard library's)? */
+static int is_packages_file(PyObject *file)
+{
+    if (!PyUnicode_Check(file))
+        return 0;
+    static const char *const marks[] = {"/site-packages/", "/dist-packages/", "\\site-packages\\",
+                                        "\\dist-packages\\", "<frozen "};
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++) {
+        PyObject *m = PyUnicode_FromString(marks[i]);
+        Py_ssize_t at = m ? PyUnicode_Find(file, m, 0, PY_SSIZE_T_MAX, 1) : -2;
+        Py_XDECREF(m);
+        if (at == -2) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (at >= 0)
+            return 1;
+    }
+    return 0;
+}
+
 uint32_t ap_code_get(ap_session_t *s, PyObject *code)
 {
     uintptr_t v = ap_table_get(&s->code_idx, (uintptr_t)code);
@@ -58,6 +80,7 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
     Py_DECREF(first);
     c->is_asyncio = starts_with(file, s->asyncio_dir);
     c->is_aioprof = starts_with(file, s->aioprof_dir);
+    c->is_library = c->is_aioprof || starts_with(file, s->stdlib_dir) || is_packages_file(file);
     /* asyncio's own coroutines (BaseEventLoop.shutdown_asyncgens, ...) are internal;
      * the public ones in asyncio.__all__, such as sleep(), are what the user asked for. */
     c->is_internal = 0;
@@ -78,7 +101,7 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
         PyErr_Clear();
     }
     c->coro = AP_NONE;
-    c->is_loop_entry = 0;
+    c->is_loop_entry = c->is_create_task = c->is_handle_runner = 0;
     if (c->is_asyncio) {
         /* Where the loop calls into handles: a sampled stack stops there. */
         static const char *const entries[] = {"_run", "_run_once", "run_forever", "run_until_complete", "run"};
@@ -86,6 +109,12 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code)
         for (size_t i = 0; name && i < sizeof entries / sizeof *entries; i++)
             if (PyUnicode_CompareWithASCIIString(name, entries[i]) == 0)
                 c->is_loop_entry = 1;
+        c->is_handle_runner = name && (PyUnicode_CompareWithASCIIString(name, "_run_once") == 0 ||
+                                       PyUnicode_CompareWithASCIIString(name, "_run") == 0);
+        PyObject *tail = name ? PyUnicode_FromString("base_events.py") : NULL;
+        c->is_create_task = tail && PyUnicode_CompareWithASCIIString(name, "create_task") == 0 &&
+                            PyUnicode_Tailmatch(file, tail, 0, PY_SSIZE_T_MAX, 1) == 1;
+        Py_XDECREF(tail);
         Py_XDECREF(name);
         PyErr_Clear();
     }
@@ -245,11 +274,22 @@ static int coro_unstarted(PyObject *coro)
     return r;
 }
 
-uint32_t ap_creation_site(ap_session_t *s)
+#define FACTORY_FRAMES 4   /* frames of the program a task factory may span */
+
+uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop)
 {
+    /* Walk out from the frame that called Task(). The first frame of the program (not in
+     * asyncio or aioprof) is the site, unless a few frames further out asyncio's
+     * BaseEventLoop.create_task called it: then it was the loop's task factory (with the
+     * helpers it calls), skipped as asyncio's frames are, and the walk goes on. Inside a
+     * handle, reaching the frames that run handles (_run_once) first means that no frame of
+     * the program made the task (a callback that is loop.create_task itself, compiled
+     * code): never a line further out, such as the asyncio.run() that runs the loop. */
     PyFrameObject *f = ap_current_frame();
     Py_XINCREF(f);
     uint32_t site = AP_NONE;
+    int ahead = 0;
+    *by_loop = 0;
     for (int depth = 0; f && depth < 128; depth++) {
         PyCodeObject *code = PyFrame_GetCode(f);
         uint32_t c = ap_code_get(s, (PyObject *)code);
@@ -257,12 +297,27 @@ uint32_t ap_creation_site(ap_session_t *s)
             Py_DECREF(code);
             break;
         }
-        if (!s->codes[c].is_asyncio && !s->codes[c].is_aioprof) {
+        ap_code_t *cr = &s->codes[c];
+        if (cr->is_asyncio || cr->is_aioprof) {
+            Py_DECREF(code);
+            if (site != AP_NONE && !cr->is_create_task)
+                break;   /* the site stands */
+            site = AP_NONE;   /* (what create_task called: a task factory) */
+            if (th->depth > 0 && cr->is_handle_runner) {
+                *by_loop = 1;
+                break;
+            }
+        } else if (site == AP_NONE) {
             site = ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f));
             Py_DECREF(code);
-            break;
+            if (site == AP_NONE)
+                break;   /* out of memory */
+            ahead = 0;
+        } else {
+            Py_DECREF(code);
+            if (++ahead >= FACTORY_FRAMES)
+                break;
         }
-        Py_DECREF(code);
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
@@ -304,6 +359,25 @@ static uint32_t coro_get(ap_session_t *s, PyObject *coro)
     return s->n_coros++;
 }
 
+/* A task made by no frame of the program: name what ran, the callback or the step of a
+ * task (its coroutine). */
+static void creator_of(ap_session_t *s, const ap_thread_t *th, ap_task_t *t)
+{
+    uint32_t code = AP_NONE;
+    t->by_loop = 1;
+    if (th->cb != AP_NONE) {
+        t->created_by = Py_NewRef(s->cbs[th->cb].name);
+        code = s->cbs[th->cb].code;
+    } else if (th->task && th->task->coro_idx != AP_NONE) {
+        code = s->coros[th->task->coro_idx].code;
+        t->created_by = Py_NewRef(s->codes[code].qualname);
+    } else if (th->task && th->task->coro_name) {
+        t->created_by = Py_NewRef(th->task->coro_name);
+    }
+    if (code != AP_NONE)
+        t->created_by_file = Py_NewRef(s->codes[code].filename);
+}
+
 ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t now, int fresh_hint,
                        PyObject *coro_hint)
 {
@@ -320,8 +394,8 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     t->t_created = t->t_mark = now;
     t->t_first = t->t_end = -1;
 
-    /* 3.12.1's get_coro() crashes on a task that finished eagerly (its coroutine is
-     * cleared), hence the hint from the eager factory's frame. */
+    /* (3.12.1's get_coro() crashes on a task that finished eagerly, its coroutine
+     * cleared: an eager task is first seen before its step, see eager_begin.) */
     PyObject *coro = coro_hint ? Py_NewRef(coro_hint) : PyObject_CallMethod(task, "get_coro", NULL);
     if (!coro)
         goto error;
@@ -334,10 +408,13 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     if (fresh < 0)
         goto error;
     if (fresh) {
-        t->created = ap_creation_site(s);
+        int by_loop;
+        t->created = ap_creation_site(s, th, &by_loop);
         if (PyErr_Occurred())
             goto error;
         t->parent = th->task ? th->task->id : 0;
+        if (by_loop)
+            creator_of(s, th, t);
     }
     t->coro_idx = coro_get(s, coro);
     if (PyErr_Occurred())
@@ -405,6 +482,8 @@ void ap_task_free(ap_task_t *t)
     Py_XDECREF(t->name);
     Py_XDECREF(t->exc_name);
     Py_XDECREF(t->coro_name);
+    Py_XDECREF(t->created_by);
+    Py_XDECREF(t->created_by_file);
     PyMem_RawFree(t->awaits);
     PyMem_RawFree(t);
 }
@@ -532,6 +611,105 @@ static PyObject *asyncgen_of_awaitable(PyObject *obj)
     return Py_XNewRef(found);
 }
 
+/* ---- awaitables that are not async def coroutines */
+
+#define N_TYPE_CACHE 16
+
+/* Is `tp` an asyncio future type (what a chain ends at)? They all have the class
+ * attribute _asyncio_future_blocking. Cached per type (strong references: few types). */
+static int is_future_type(PyTypeObject *tp)
+{
+    static PyTypeObject *types[N_TYPE_CACHE];
+    static char future[N_TYPE_CACHE];
+    static int n;
+    for (int i = 0; i < n; i++)
+        if (types[i] == tp)
+            return future[i];
+    int r = PyObject_HasAttrString((PyObject *)tp, "_asyncio_future_blocking");
+    if (n < N_TYPE_CACHE) {
+        types[n] = (PyTypeObject *)Py_NewRef((PyObject *)tp);
+        future[n++] = (char)r;
+    }
+    return r;
+}
+
+static int is_coroutine_like(PyObject *o)
+{
+    return PyCoro_CheckExact(o) || PyGen_Check(o) || PyAsyncGen_CheckExact(o) ||
+           strcmp(Py_TYPE(o)->tp_name, "coroutine_wrapper") == 0;
+}
+
+typedef struct {
+    PyObject *found;
+    PyObject *const *seen;
+    int n_seen;
+} find_t;
+
+static int seen_in(const find_t *f, PyObject *o)
+{
+    for (int i = 0; i < f->n_seen; i++)
+        if (f->seen[i] == o)
+            return 1;
+    return 0;
+}
+
+/* tp_traverse visitor: the first coroutine, generator or coroutine_wrapper referred to,
+ * directly (a __slots__ member, what a coroutine_wrapper wraps) or as a value of the
+ * instance dict; not one already on the chain. */
+static int find_coroutine(PyObject *o, void *arg)
+{
+    find_t *f = arg;
+    if (!o || f->found)
+        return f->found != NULL;
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (!f->found && PyDict_Next(o, &pos, &k, &v))
+            if (is_coroutine_like(v) && !seen_in(f, v))
+                f->found = v;
+    } else if (!PyType_Check(o) && is_coroutine_like(o) && !seen_in(f, o)) {
+        f->found = o;
+    }
+    return f->found != NULL;
+}
+
+/* What an awaitable that is neither a coroutine, a generator nor an async generator is
+ * waiting on (new reference), or NULL (no error) when the chain ends at it: a Cython
+ * coroutine or generator (its cr_await / gi_yieldfrom), the coroutine_wrapper that
+ * coro.__await__() returns, an object of a Python class that drives a coroutine it
+ * holds (a custom coroutine class, an __await__ iterator). An asyncio future ends it.
+ * seen: the chain's objects so far, never gone back to. */
+static PyObject *awaited_by_other(PyObject *obj, PyObject *const *seen, int n_seen)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    int fut = is_future_type(tp);
+    if (fut != 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    static const char *const links[] = {"cr_await", "gi_yieldfrom"};
+    for (int i = 0; i < 2; i++) {
+        /* Looked up on the type first: no __getattr__ of the program runs. */
+        PyObject *d = PyObject_GetAttrString((PyObject *)tp, links[i]);
+        if (!d) {
+            PyErr_Clear();
+            continue;
+        }
+        Py_DECREF(d);
+        PyObject *next = PyObject_GetAttrString(obj, links[i]);
+        if (!next || next == Py_None) {
+            Py_XDECREF(next);
+            PyErr_Clear();
+            return NULL;
+        }
+        return next;
+    }
+    find_t f = {NULL, seen, n_seen};
+    if (tp->tp_traverse)
+        tp->tp_traverse(obj, find_coroutine, &f);
+    return Py_XNewRef(f.found);
+}
+
 /* Walk the await chain of `coro` (outermost first) into out[]; frames in asyncio's
  * own package are dropped unless nothing else is left. Their code is read through
  * cr_code, which is cheap; only the kept frames' lines are computed. Async generators
@@ -543,13 +721,23 @@ static int walk_chain(ap_session_t *s, PyObject *coro, uint32_t *out)
     int n = 0;
     PyObject *last_asyncio = NULL, *last_asyncio_code = NULL;
     int last_kind = K_CORO;
+    PyObject *seen[64];   /* the chain's objects (borrowed, compared only) */
+    int n_seen = 0;
     PyObject *cur = Py_NewRef(coro);
     for (int depth = 0; cur && cur != Py_None && depth < 256; depth++) {
+        if (n_seen < 64)
+            seen[n_seen++] = cur;
         int k = PyCoro_CheckExact(cur) ? K_CORO : PyGen_Check(cur) ? K_GEN : PyAsyncGen_CheckExact(cur) ? K_ASYNCGEN : -1;
         if (k < 0) {
             PyObject *gen = asyncgen_of_awaitable(cur);
-            if (!gen)
-                break;   /* a Future or another awaitable: the chain ends here */
+            if (!gen) {
+                /* Not an async def coroutine: follow it to what it awaits, if it says. */
+                PyObject *next = awaited_by_other(cur, seen, n_seen);
+                if (!next)
+                    break;   /* a Future or another awaitable: the chain ends here */
+                Py_SETREF(cur, next);
+                continue;
+            }
             Py_SETREF(cur, gen);
             k = K_ASYNCGEN;
         }
@@ -610,6 +798,16 @@ uint32_t ap_chain_of(ap_session_t *s, PyObject *coro)
 uint32_t ap_chain_site(ap_session_t *s, uint32_t chain)
 {
     return chain == AP_NONE ? AP_NONE : s->chains[chain].sites[s->chains[chain].n - 1];
+}
+
+uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain)
+{
+    for (uint32_t i = chain == AP_NONE ? 0 : s->chains[chain].n; i-- > 0;) {
+        uint32_t site = s->chains[chain].sites[i];
+        if (!s->codes[s->sites[site].code].is_library)
+            return site;
+    }
+    return AP_NONE;
 }
 
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle)
@@ -724,7 +922,11 @@ int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *t
         if (ap_hist_add(&c->hist, dur) < 0)
             ap_fault(s, "out of memory in a histogram");
     }
-    ap_cpu_charge(s, th, (ap_cpu_item_t){t->kept ? t : NULL, t->coro_idx, AP_NONE, NULL, dur}, now);
+    /* The CPU weight is the step's busy time, less what was queued already in segments
+     * before the eager steps it ran (see "eager tasks" below). */
+    ap_ns_t weight = dur - th->charged;
+    th->charged = 0;
+    ap_cpu_charge(s, th, (ap_cpu_item_t){t->kept ? t : NULL, t->coro_idx, AP_NONE, NULL, weight > 0 ? weight : 0}, now);
     t->t_mark = now;
     if (t->woke_in_step) {
         t->state = AP_READY;
@@ -854,9 +1056,16 @@ void ap_cpu_flush(ap_session_t *s, ap_thread_t *th, ap_ns_t now)
     ap_ns_t spent = cpu - th->win_cpu, total = 0;
     for (uint32_t i = 0; i < th->n_pending; i++)
         total += th->pending[i].weight;
+    /* Each item's share is capped at its weight (its wall time): the window's CPU can
+     * exceed the wall time of its items, when select waits (weight 0) used the CPU too
+     * (selectors' Python code around poll(), many ready events). What is over goes to
+     * no row: no step spent it. So cpu <= busy holds for every task, coroutine and
+     * callback. */
     for (uint32_t i = 0; i < th->n_pending && total > 0 && spent > 0; i++) {
         ap_cpu_item_t *it = &th->pending[i];
         ap_ns_t share = (ap_ns_t)((double)spent * (double)it->weight / (double)total);
+        if (share > it->weight)
+            share = it->weight;
         if (it->task)
             it->task->cpu += share;
         if (it->coro != AP_NONE)
@@ -882,74 +1091,177 @@ void ap_cpu_charge(ap_session_t *s, ap_thread_t *th, ap_cpu_item_t item, ap_ns_t
 
 /* ------------------------------------------------------------------ eager tasks */
 
-/* An eager task (3.12+ eager_start) runs its first step inside Task(): no call_soon and
- * no handle. aioprof watches the code of asyncio's eager task factory with
- * sys.monitoring local events (profiler.py installs them): PY_START marks when the
- * factory began, PY_RETURN hands over the task, whose first step is begin..return.
- * That step also lies inside its creator's step, which includes it, as the creator did
- * run it. */
-PyObject *ap_eager_begin(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(n))
+/* An eager task (3.12+: Task(..., eager_start=True), the eager task factory) runs its
+ * first step inside Task(), in C: no handle, no call_soon. What every eager start does
+ * (C and Python Task alike) is make the task its loop's current task in asyncio's
+ * current-task dict (_swap_current_task) and, once the step is over, put back the task
+ * that was current before. aioprof watches that dict (PyDict_AddWatcher): a task never
+ * seen, whose coroutine has not started, becoming current is the start of its eager
+ * first step; the dict getting its previous value back for that loop is the end.
+ *
+ * The first step is a step of the task like any other (busy, CPU, slow step, its first
+ * suspension idle at its await site), and is left out of the step that ran Task(): the
+ * creator's busy time excludes it (a creator task counts it as scheduled: it waits for
+ * it, ready), and its CPU weight is queued in segments around it. So the busy times of
+ * tasks and callbacks add up to the loop's. Regular steps also set
+ * and delete the dict's entry: those are told apart by th->task (hook_run sets it before
+ * the step runs), at the cost of one comparison. */
+
+#if AP_HAVE_DICT_WATCH
+
+static int watcher_id = -1;
+static PyObject *watched[2];   /* strong: the current-task dicts being watched */
+
+/* The accounting item of what runs now in this thread (a task step, a callback, or the
+ * loop itself between handles); 0 if nothing. */
+static int running_item(ap_thread_t *th, ap_cpu_item_t *it)
 {
-    ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (s && !s->disabled && (th = ap_thread_get(s)) && th->n_eager < 8)
-        th->eager_begin[th->n_eager++] = ap_clock_wall();
-    Py_RETURN_NONE;
+    if (th->task)
+        *it = (ap_cpu_item_t){th->task->kept ? th->task : NULL, th->task->coro_idx, AP_NONE, NULL, 0};
+    else if (th->cb != AP_NONE)
+        *it = (ap_cpu_item_t){NULL, AP_NONE, th->cb, NULL, 0};
+    else
+        return 0;
+    return 1;
 }
 
-PyObject *ap_eager_end(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+static void eager_begin(ap_session_t *s, ap_thread_t *th, PyObject *task, PyObject *key, PyObject *prev)
+{
+    ap_ns_t now = ap_clock_wall();
+    PyObject *coro = PyObject_CallMethod(task, "get_coro", NULL);
+    if (!coro)
+        return;
+    int fresh = coro != Py_None ? coro_unstarted(coro) : 0;
+    if (fresh <= 0) {
+        Py_DECREF(coro);
+        return;   /* a task that existed before profiling began, run by hand: not eager */
+    }
+    /* Queue the CPU weight of what ran before, up to now. */
+    ap_cpu_item_t it;
+    if (th->depth > 0 && running_item(th, &it)) {
+        it.weight = now - th->seg_start;
+        if (it.weight > 0) {
+            ap_cpu_charge(s, th, it, now);
+            th->charged += it.weight;
+        }
+    } else if (th->depth == 0 && th->loop && th->last_edge > 0 && now > th->last_edge) {
+        ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, AP_NONE, th->loop, now - th->last_edge}, now);
+        th->last_edge = now;
+    }
+    ap_task_t *t = ap_task_new(s, th, task, now, 1, coro);   /* its parent is th->task */
+    Py_DECREF(coro);
+    if (!t)
+        return;
+    ap_eager_t *e = &th->eager[th->n_eager++];
+    *e = (ap_eager_t){.t = t, .task = task, .key = key, .prev = prev, .prev_task = th->task, .prev_cb = th->cb,
+                      .begin = now, .prev_nested = th->nested, .prev_charged = th->charged};
+    th->task = t;
+    th->cb = AP_NONE;
+    th->nested = th->charged = 0;
+    th->seg_start = now;
+    th->depth++;
+    th->step_serial++;   /* another task's step: the sampler's awaiter prefix changes */
+    ap_task_step_begin(s, th, t, task, now);
+}
+
+static void eager_end(ap_session_t *s, ap_thread_t *th)
+{
+    ap_ns_t end = ap_clock_wall();
+    ap_eager_t e = th->eager[--th->n_eager];
+    ap_task_t *t = e.t;
+    ap_ns_t dur = end - t->t_step;
+    /* As in hook_run: read what a slow-step record needs before step_end may free t. */
+    ap_slow_t rec = {.dur = dur, .task = t->kept ? t->id : 0, .coro = t->coro_idx, .cb = AP_NONE,
+                     .site_start = AP_NONE, .site_end = AP_NONE, .at = e.begin - s->t0};
+    uint64_t id = t->id;
+    PyObject *coro = t->coro;
+    int state = ap_task_step_end(s, th, t, e.task, end);   /* may free t */
+    th->depth--;
+    th->task = e.prev_task;
+    th->cb = e.prev_cb;
+    th->nested = e.prev_nested + (end - e.begin);
+    th->charged = e.prev_charged;
+    th->seg_start = end;
+    th->step_serial++;
+    if (e.prev_task && e.prev_task->state == AP_RUNNING) {
+        /* The creator's step excludes this one: it waited for it, ready and not running,
+         * which is scheduled time (busy + scheduled + idle stays its lifetime). */
+        ap_task_t *c = e.prev_task;
+        c->t_step += end - e.begin;
+        c->scheduled += end - e.begin;
+        if (c->coro_idx != AP_NONE)
+            s->coros[c->coro_idx].scheduled += end - e.begin;
+    }
+    if (th->depth == 0 && th->loop)
+        th->last_edge = end;
+    if (s->trace)
+        ap_trace_add(s, AP_EV_RUN, id, ap_trace_where(s, th->loop, th->ident), e.begin, end, AP_NONE);
+    if (th->loop && dur >= s->slow_ns && !s->disabled) {
+        if (state == AP_SUSPENDED && coro)
+            rec.site_end = ap_chain_site(s, ap_chain_of(s, coro));
+        ap_loop_slow(s, th->loop, &rec);
+    }
+}
+
+static int eager_watch(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *value)
 {
     ap_session_t *s = ap_session;
-    ap_thread_t *th;
-    if (!s || s->disabled || nargs < 3 || !(th = ap_thread_get(s)) || th->n_eager == 0)
-        Py_RETURN_NONE;
-    ap_ns_t begin = th->eager_begin[--th->n_eager], end = ap_clock_wall();
-    PyObject *task = args[2];
-    if (!is_task(s, task))
-        Py_RETURN_NONE;
+    if (!s || s->disabled || (event != PyDict_EVENT_ADDED && event != PyDict_EVENT_MODIFIED &&
+                              event != PyDict_EVENT_DELETED))
+        return 0;
+    ap_thread_t *th = ap_thread_get(s);
+    if (!th)
+        return 0;
+    if (th->n_eager == 0 && (!value || (th->task && th->task->addr == (uintptr_t)value)))
+        return 0;   /* a regular step entering or leaving: the common case */
     ap_exc_state_t exc;
     ap_exc_save(&exc);
-    /* The factory's frame, still alive at PY_RETURN, holds the coroutine in `coro`. */
-    PyObject *coro = NULL;
-    PyFrameObject *f = ap_current_frame();
-    PyObject *locals = f ? PyObject_GetAttrString((PyObject *)f, "f_locals") : NULL;
-    if (locals) {
-        coro = PyMapping_GetItemString(locals, "coro");
-        Py_DECREF(locals);
-    }
+    PyObject *prev = PyDict_GetItemWithError(dict, key);   /* borrowed; before the change */
     PyErr_Clear();
-    ap_task_t *t = ap_task_find(s, task);
-    if (!t && coro) {
-        t = ap_task_new(s, th, task, begin, 1, coro);
-        if (t) {
-            ap_task_t *prev = th->task;
-            ap_task_step_begin(s, th, t, task, begin);
-            ap_task_step_end(s, th, t, task, end);   /* may free t: not used after */
-            th->task = prev;
-        }
-    } else if (t->steps == 0 && t->t_created >= begin) {
-        /* It rescheduled itself during the eager step, so call_soon saw it first,
-         * without a creation site: the step was begin..end and it is ready since end. */
-        t->created = ap_creation_site(s);
-        t->parent = th->task ? th->task->id : 0;
-        t->t_created = t->t_first = begin;
-        t->t_mark = end;
-        t->steps = 1;
-        t->yields = 1;
-        t->busy += end - begin;
-        t->max_step = end - begin;
-        if (t->coro_idx != AP_NONE) {
-            ap_coro_t *c = &s->coros[t->coro_idx];
-            c->steps++;
-            c->busy += end - begin;
-            if (end - begin > c->max_step)
-                c->max_step = end - begin;
-            ap_hist_add(&c->hist, end - begin);
-        }
+    if (th->n_eager > 0 && th->eager[th->n_eager - 1].key == key && th->eager[th->n_eager - 1].prev == value) {
+        eager_end(s, th);
+    } else if (value && th->n_eager < AP_MAX_EAGER && is_task(s, value) && !ap_task_find(s, value)) {
+        eager_begin(s, th, value, key, prev);
     }
-    Py_XDECREF(coro);
     if (PyErr_Occurred())
-        ap_fault(s, "accounting an eager task");
+        ap_fault(s, "accounting an eager task step");
     ap_exc_restore(&exc);
-    Py_RETURN_NONE;
+    return 0;
 }
+
+int ap_eager_watch_start(ap_session_t *Py_UNUSED(s))
+{
+    if (watcher_id < 0 && (watcher_id = PyDict_AddWatcher(eager_watch)) < 0) {
+        PyErr_Clear();   /* every watcher slot is taken: eager first steps go unseen */
+        return 0;
+    }
+    static const char *const where[2][2] = {{"_asyncio", "_current_tasks"}, {"asyncio.tasks", "_current_tasks"}};
+    for (int i = 0; i < 2; i++) {
+        PyObject *m = PyImport_ImportModule(where[i][0]);
+        PyObject *d = m ? PyObject_GetAttrString(m, where[i][1]) : NULL;
+        Py_XDECREF(m);
+        PyErr_Clear();
+        if (d && PyDict_CheckExact(d) && d != watched[0] && PyDict_Watch(watcher_id, d) == 0)
+            watched[i] = d;
+        else
+            Py_XDECREF(d);
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+void ap_eager_watch_stop(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (watched[i] && PyDict_Unwatch(watcher_id, watched[i]) < 0)
+            PyErr_Clear();
+        Py_CLEAR(watched[i]);
+    }
+}
+
+#else   /* 3.10, 3.11: no eager tasks */
+
+int ap_eager_watch_start(ap_session_t *Py_UNUSED(s)) { return 0; }
+void ap_eager_watch_stop(void) {}
+
+#endif

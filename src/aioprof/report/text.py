@@ -158,6 +158,25 @@ def _loc_of(obj: Any) -> str:
     return _loc(obj.get("file"), obj.get("line"))
 
 
+def _library_path(file: Any) -> str:
+    """A library file's path from its package on (``anyio/_backends/_asyncio.py``): the part
+    after site-packages or dist-packages, or after the standard library's directory."""
+    parts = str(file).replace("\\", "/").split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in ("site-packages", "dist-packages") or (
+                parts[i].startswith("python3") and i > 0 and parts[i - 1] == "lib"):
+            return "/".join(parts[i + 1:])
+    return os.path.basename(str(file))
+
+
+def _created_at(obj: Any) -> str:
+    """A task's creation site; for one made by no line of the program (by a callback or
+    compiled code, docs/json.md), the name of what made it in parentheses, or "-"."""
+    if isinstance(obj, dict) and obj.get("line") is None:
+        return f"({obj['function']})" if obj.get("function") else "-"
+    return _loc_of(obj)
+
+
 def _cut(s: str, width: int, ellipsis: str) -> str:
     """`s` cut to `width` characters, ending with the ellipsis when cut."""
     if len(s) <= width:
@@ -371,7 +390,9 @@ class _Renderer:
             for site in sites:
                 if not isinstance(site, dict):
                     continue
-                acc = agg.setdefault((site.get("file"), site.get("line"), site.get("function")),
+                user = site.get("user_site")
+                user = (user.get("file"), user.get("line"), user.get("function")) if isinstance(user, dict) else None
+                acc = agg.setdefault((site.get("file"), site.get("line"), site.get("function"), user),
                                      [0.0, 0.0])
                 acc[0] += _num(site.get("idle_s")) or 0.0
                 acc[1] += _num(site.get("count")) or 0.0
@@ -382,9 +403,15 @@ class _Renderer:
                 continue
             out.append(f"  {_str(coro.get('coroutine'))}  ({_loc(coro.get('file'), coro.get('line'))})")
             top = sorted(agg.items(), key=lambda kv: kv[1][0], reverse=True)[:AWAIT_SITES]
-            for (file, line, function), (idle, count) in top:
+            for (file, line, function, user), (idle, count) in top:
+                # A wait inside a library: the innermost line of the program's own code,
+                # with the library's line beside it.
+                via = ""
+                if user is not None and user != (file, line, function):
+                    via = f" (via {_library_path(file)}:{line})"
+                    file, line, function = user
                 same = function and str(coro.get("coroutine", "")).split(".")[-1] == function
-                where = _loc(file, line) + (f" in {function}" if function and not same else "")
+                where = _loc(file, line) + (f" in {function}" if function and not same else "") + via
                 out.append(f"    {_ms(idle):>9} ms idle  {int(count):>7}x  {where}")
         if not out:
             return []
@@ -405,7 +432,7 @@ class _Renderer:
             _int_col("id", "id"),
             _Col("name", lambda r: _str(r.get("name")), flex=8, drop=5),
             _Col("coroutine", lambda r: _str(r.get("coroutine")), flex=10),
-            _Col("created at", lambda r: _loc_of(r.get("created_at")), flex=10, drop=3),
+            _Col("created at", lambda r: _created_at(r.get("created_at")), flex=10, drop=3),
             _Col("parent", lambda r: _int(r.get("parent")), right=True, drop=9),
             _Col("state", state, flex=9, drop=8),
             _int_col("steps", "steps"),
