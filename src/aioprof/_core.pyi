@@ -33,7 +33,7 @@ def stop() -> dict[str, Any]:
 def snapshot() -> dict[str, Any]:
     """The running session's figures as of now, in ns: keys wall_ns, cpu_window_ns,
     slow_ns, dropped_tasks, warnings (list[str]), tasks, coroutines, callbacks, sites,
-    loops (lists of dicts; docs/json.md with *_ns in place of *_s).
+    loops, loops_folded (lists of dicts; docs/json.md with *_ns in place of *_s).
 
     Raises RuntimeError if no session is running.
     """

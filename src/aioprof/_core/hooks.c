@@ -711,8 +711,10 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
                 ap_loop_slow(s, l, &rec);
             }
         }
-        if (l)
+        if (l) {
             l->handles++;
+            l->step_busy += end - now;
+        }
         if (PyErr_Occurred())
             ap_fault(s, "accounting a uvloop step");
         ap_exc_restore(&exc);

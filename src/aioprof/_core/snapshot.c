@@ -210,7 +210,30 @@ static int cmp_slow(const void *a, const void *b)
     return (x->dur < y->dur) - (x->dur > y->dur);
 }
 
+static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l);
+
+/* A loop, or a group of folded ended loops (l->folded > 0: no id, thread name and class
+ * identify it, "loops" counts them). */
 static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
+{
+    PyObject *d = loop_fields(s, l);
+    if (!d)
+        return NULL;
+    PyObject *tname = l->thread_name ? l->thread_name : Py_None, *mod = l->module ? l->module : Py_None;
+    if (PyDict_SetItemString(d, "thread_name", tname) < 0 || PyDict_SetItemString(d, "module", mod) < 0)
+        Py_CLEAR(d);
+    if (d && l->folded) {
+        PyObject *n = u64(l->folded);
+        if (!n || PyDict_SetItemString(d, "loops", n) < 0 || PyDict_DelItemString(d, "id") < 0 ||
+            PyDict_DelItemString(d, "destroyed") < 0 || PyDict_SetItemString(d, "load_smoothed", Py_None) < 0 ||
+            (!l->thread_name && PyDict_SetItemString(d, "thread", Py_None) < 0))
+            Py_CLEAR(d);
+        Py_XDECREF(n);
+    }
+    return d;
+}
+
+static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l)
 {
     ap_slow_t sorted[AP_SLOW_KEEP];
     memcpy(sorted, l->slow, l->n_slow * sizeof *sorted);
@@ -270,7 +293,7 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
 
 PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
 {
-    PyObject *tasks = NULL, *coros = NULL, *cbs = NULL, *sites = NULL, *loops = NULL, *res = NULL;
+    PyObject *tasks = NULL, *coros = NULL, *cbs = NULL, *sites = NULL, *loops = NULL, *folded = NULL, *res = NULL;
     uint32_t n_sites0 = s->n_sites;
     /* Walking current chains may add sites, so size the scratch arrays generously and
      * walk before reading site totals. */
@@ -369,6 +392,7 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
     if (!sites)
         goto done;
 
+    ap_loop_sweep(s, 1);
     loops = PyList_New(0);
     for (uint32_t i = 0; loops && i < s->n_loops; i++) {
         PyObject *o = loop_obj(s, s->loops[i]);
@@ -376,7 +400,14 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
             Py_CLEAR(loops);
         Py_XDECREF(o);
     }
-    if (!loops)
+    folded = PyList_New(0);
+    for (uint32_t i = 0; folded && i < s->n_loop_groups; i++) {
+        PyObject *o = loop_obj(s, s->loop_groups[i]);
+        if (!o || PyList_Append(folded, o) < 0)
+            Py_CLEAR(folded);
+        Py_XDECREF(o);
+    }
+    if (!loops || !folded)
         goto done;
 
     res = dict_of(9, "wall_ns", ns((s->t_stop ? s->t_stop : now) - s->t0), "cpu_window_ns", ns(s->cpu_window),
@@ -384,7 +415,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
                   "warnings", PySequence_List(s->faults), "tasks", Py_NewRef(tasks),
                   "coroutines", Py_NewRef(coros), "callbacks", Py_NewRef(cbs),
                   "sites", Py_NewRef(sites));
-    if (res && (PyDict_SetItemString(res, "loops", loops) < 0 || ap_stacks_snapshot(s, res) < 0 ||
+    if (res && (PyDict_SetItemString(res, "loops", loops) < 0 || PyDict_SetItemString(res, "loops_folded", folded) < 0 ||
+                ap_stacks_snapshot(s, res) < 0 ||
                 ap_trace_snapshot(s, res) < 0))
         Py_CLEAR(res);
 done:
@@ -393,6 +425,7 @@ done:
     Py_XDECREF(cbs);
     Py_XDECREF(sites);
     Py_XDECREF(loops);
+    Py_XDECREF(folded);
     PyMem_RawFree(cx);
     PyMem_RawFree(site_idle);
     PyMem_RawFree(inner_idle);
