@@ -345,6 +345,9 @@ class _Session:
         o = self.opts
         report.write(doc, format=o.format, file=file, sort=o.sort, limit=o.limit, by=o.by,
                      show_internal=o.show_internal, flame=o.flame)
+        note = report.trace.dropped_note(doc)   # silent drops were issue 7, item 11
+        if note:
+            _say(note)
         if self.out is not None:
             self.out.close()
         else:

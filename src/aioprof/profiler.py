@@ -186,8 +186,12 @@ class Profiler:
         """
         from aioprof import report as _report
 
-        _report.write(self.stats(), format=format, file=file if file is not None else sys.stderr,
+        doc = self.stats()
+        _report.write(doc, format=format, file=file if file is not None else sys.stderr,
                       sort=sort, limit=limit, by=by, show_internal=show_internal, width=width)
+        note = _report.trace.dropped_note(doc, "Profiler(trace_buffer=N)") if format == "trace" else None
+        if note:
+            print(f"aioprof: {note}", file=sys.stderr)
 
     # -- internals ----------------------------------------------------------------
     @staticmethod
