@@ -264,7 +264,8 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code);
 uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line);
 /* The line a frame is at (code is the frame's code), through s->line_cache. */
 int ap_frame_line(ap_session_t *s, PyFrameObject *f, PyObject *code);
-/* The task behind a loop callback (borrowed), or NULL when it is not a task step. */
+/* The task behind a loop callback (borrowed), or NULL when it is not a task step.
+ * s may be NULL (loop monitors without a session): then any task step's shape counts. */
 PyObject *ap_task_of_callback(ap_session_t *s, PyObject *callback);
 /* The record of a live task object, or NULL if not seen yet. */
 ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);

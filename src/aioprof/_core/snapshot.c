@@ -247,13 +247,17 @@ static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l)
     }
     if (l->uvloop) {
         /* uvloop runs its ticks and select in Cython: those figures are unavailable,
-         * which is null, never 0. Task steps, their lag and slow steps are measured. */
+         * which is null, never 0. Task steps, their lag and slow steps are measured; busy
+         * is the time inside task steps, utilization that over the span from the first
+         * call_soon to the end of the last step. */
         PyObject *none = Py_None;
+        ap_ns_t span = l->last_tick_end - l->first_seen;
+        PyObject *util = span > 0 ? PyFloat_FromDouble((double)l->step_busy / (double)span) : Py_NewRef(none);
         return dict_of(27, "id", u64(l->id), "type", Py_NewRef(l->type_name),
                        "thread", PyLong_FromUnsignedLong(l->thread), "ticks", Py_NewRef(none),
                        "handles", u64(l->handles), "select_calls", Py_NewRef(none),
                        "io_events", Py_NewRef(none), "wall_ns", Py_NewRef(none), "select_wait_ns", Py_NewRef(none),
-                       "busy_ns", Py_NewRef(none), "utilization", Py_NewRef(none), "load", Py_NewRef(none),
+                       "busy_ns", ns(l->step_busy), "utilization", util, "load", Py_NewRef(none),
                        "load_smoothed", Py_NewRef(none),
                        "lag_p50_ns", ns(ap_hist_quantile(&l->lag_hist, 0.5)),
                        "lag_p90_ns", ns(ap_hist_quantile(&l->lag_hist, 0.9)),
