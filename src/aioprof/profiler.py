@@ -64,6 +64,32 @@ def _unwatch_eager_factory(handle: Optional[tuple]) -> None:
     monitoring.free_tool_id(tool)
 
 
+def _loop_notes() -> list:
+    """What aioprof cannot measure about this process's loops, one sentence each: loop
+    classes that replace ``BaseEventLoop._run_once`` (nest_asyncio.apply() does) hide
+    their ticks from the hooks, and a nested run inside a task step is that step's time."""
+    asyncio = sys.modules.get("asyncio")
+    base = getattr(getattr(asyncio, "base_events", None), "BaseEventLoop", None)
+    if base is None:
+        return []
+    replaced, stack, seen = [], list(type.__subclasses__(base)), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(type.__subclasses__(cls))
+        if "_run_once" in vars(cls):
+            replaced.append(cls)
+    if not replaced:
+        return []
+    names = ", ".join(sorted(c.__qualname__ for c in replaced))
+    by = " by nest_asyncio" if any(vars(c).get("_nest_patched") for c in replaced) else ""
+    return [f"{names}: _run_once is replaced{by}: no ticks, select wait, lag or slow ticks; a "
+            "nested run_until_complete is busy time of the step that called it, and the tasks "
+            "it runs get no steps"]
+
+
 class Profiler:
     """Profile the asyncio event loops of this process.
 
@@ -198,4 +224,5 @@ class Profiler:
     def _document(raw: dict) -> dict:
         doc = {"aioprof": 1, "python": platform.python_version()}
         doc.update(_to_seconds(raw))
+        doc["loop_notes"] = _loop_notes()
         return doc

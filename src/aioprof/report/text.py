@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -573,14 +574,20 @@ class _Renderer:
         (doc["loops_folded"]), then the totals of all."""
         loops = _list(self.doc, "loops")
         folded = _list(self.doc, "loops_folded")
+        notes = self.doc.get("loop_notes")
+        notes = [line for n in (notes if isinstance(notes, list) else []) if isinstance(n, str)
+                 for line in textwrap.wrap(f"Not measured: {n}.", self.width - 1,
+                                           initial_indent="  ", subsequent_indent="    ")]
         if not loops and not folded:
+            if notes:
+                return ["Event loops"] + notes
             if isinstance(self.doc.get("loops"), list):
                 return [NO_LOOP_NOTE]
             return []
         n_folded = sum(int(_num(g.get("loops")) or 0) for g in folded)
         total = len(loops) + n_folded
         out = ["Event loops" + (f"  ({total}; {n_folded} ended ones folded per thread and class)"
-                                if n_folded else "")]
+                                if n_folded else "")] + notes
         order = sorted(range(len(loops)), key=lambda i: (bool(loops[i].get("destroyed")),
                                                        -(_num(loops[i].get("busy_s")) or 0.0), i))
         shown = sorted(order[:LOOPS_SHOWN])
