@@ -39,7 +39,7 @@ def test_folded_totals_exact(fake_clock):
         for i in range(1, 21):
             asyncio.run(work(i))
     doc = p.stats()
-    assert doc["warnings"] == []
+    assert doc["warnings"] == [] and doc["loop_notes"] == []   # nothing hidden from the hooks
     kept = doc["loops"]
     assert sorted(ns(loop["busy_s"]) for loop in kept) == [i * MS for i in range(13, 21)]
     assert all(loop["destroyed"] and loop["thread_name"] == "MainThread" for loop in kept)
@@ -237,3 +237,18 @@ def test_sync_program_gets_the_note():
         sum(range(1000))
     assert text.NO_LOOP_NOTE in text.render(p.stats(), width=120)
     gc.collect()
+
+
+def test_loops_named_by_thread_and_qualified_class():
+    """uvloop's loop was "Loop": its class is module-qualified and the thread named, in the
+    text report and in the trace's process names."""
+    from aioprof.report import trace
+
+    loop = loop_row(type="Loop", module="uvloop", thread_name="worker", destroyed=False)
+    assert "  loop 1 (uvloop.Loop), thread worker\n" in render([loop])
+    doc = {"loops": [loop], "tasks": [], "trace": {"capacity": 10, "dropped": 0, "events": [
+        {"kind": "tick", "loop": 1, "thread": 4242, "start_s": 0.0, "end_s": 0.001, "handles": 1}]}}
+    names = [e["args"]["name"] for e in trace.render(doc)["traceEvents"] if e["name"] == "process_name"]
+    assert names == ["loop 1 (uvloop.Loop), thread worker"]
+    std = loop_row()
+    assert "  loop 1 (_UnixSelectorEventLoop), thread MainThread, ended\n" in render([std])

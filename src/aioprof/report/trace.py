@@ -250,8 +250,10 @@ class _Builder:
             loop = self.loops.get(pid, {})
             name = f"loop {pid}"
             if loop.get("type"):
-                name += f" ({loop['type']})"
-            thread = self.loop_threads.get(pid)
+                module = loop.get("module")
+                qualify = isinstance(module, str) and module.split(".")[0] not in ("", "asyncio")
+                name += f" ({module}.{loop['type']})" if qualify else f" ({loop['type']})"
+            thread = loop.get("thread_name") or self.loop_threads.get(pid)
             if thread is not None:
                 name += f", thread {thread}"
             out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": loop_tid,
