@@ -232,6 +232,12 @@ static int fold(ap_session_t *s, ap_loop_t *l)
 
 void ap_loop_sweep(ap_session_t *s, int check_closed)
 {
+    /* Not re-entered: the is_closed() calls below allocate, a collection they start can
+     * kill a loop, and its weak-reference callback sweeps too (it only marks the loop). */
+    static int sweeping;
+    if (sweeping)
+        return;
+    sweeping = 1;
     ap_exc_state_t exc;
     ap_exc_save(&exc);
     uint32_t ended = 0;
@@ -242,14 +248,15 @@ void ap_loop_sweep(ap_session_t *s, int check_closed)
              * closed loop runs nothing again (run_forever and call_soon raise). */
             PyObject *loop = ap_weakref_get(l->wr);
             PyObject *closed = loop ? PyObject_CallMethod(loop, "is_closed", NULL) : NULL;
-            if (closed && PyObject_IsTrue(closed) == 1)
+            if (closed && PyObject_IsTrue(closed) == 1 && !l->destroyed)
                 loop_ended(s, l);
             Py_XDECREF(closed);
             Py_XDECREF(loop);
             PyErr_Clear();
         }
-        ended += l->destroyed;
     }
+    for (uint32_t i = 0; i < s->n_loops; i++)
+        ended += s->loops[i]->destroyed;
     while (ended > AP_LOOPS_ENDED_KEEP) {
         /* Fold the smallest ended loop; the biggest AP_LOOPS_ENDED_KEEP stay in full. */
         uint32_t pick = UINT32_MAX;
@@ -268,6 +275,7 @@ void ap_loop_sweep(ap_session_t *s, int check_closed)
         ended--;
     }
     ap_exc_restore(&exc);
+    sweeping = 0;
 }
 
 void ap_loop_tick_end(ap_session_t *s, ap_thread_t *th, ap_loop_t *l, ap_ns_t t0, ap_ns_t t1)
