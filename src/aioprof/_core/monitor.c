@@ -312,7 +312,7 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     /* The smoothed load as of now: time since the last event counts as busy while the
      * loop runs handles, as sleeping while it waits in select (up to its timeout). */
     ap_ns_t now = ap_clock_wall(), dt = now - m->updated;
-    double share = 0.0, load = m->load;
+    double load = m->load;
     ap_ns_t step_busy = m->step_busy;
     if (m->stepped) {
         /* Called from a task step of this loop (a request handler): busy since it began. */
@@ -323,6 +323,7 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
             load = ewma(load, dt, 0.0);
         }
     } else {
+        double share = 0.0;
         if (m->in_select) {
             ap_ns_t wait = now - m->select_t0, cap = m->select_cap;
             share = (cap >= 0 && wait > cap) ? (double)(wait - cap) / (double)wait : 0.0;
