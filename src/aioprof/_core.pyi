@@ -65,7 +65,9 @@ def monitor_observers(id: int) -> list[Any]:
 
 def monitor_read(id: int) -> dict[str, Any]:
     """The monitor's figures now: load (float in [0, 1], smoothed 1 s), wall_ns,
-    select_wait_ns, select_capped_ns, age_ns, ticks, select_calls, handles, running.
+    select_wait_ns, select_capped_ns, age_ns, ticks, select_calls, handles, running;
+    stepped (bool: a loop without hooked ticks, uvloop, whose load comes from its task
+    steps), step_busy_ns and steps (those steps' time and count).
     Raises ValueError for an unknown id."""
 
 def hist_quantiles(values: Sequence[int], quantiles: Sequence[float]) -> list[int]:
