@@ -33,7 +33,7 @@ def stop() -> dict[str, Any]:
 def snapshot() -> dict[str, Any]:
     """The running session's figures as of now, in ns: keys wall_ns, cpu_window_ns,
     slow_ns, dropped_tasks, warnings (list[str]), tasks, coroutines, callbacks, sites,
-    loops (lists of dicts; docs/json.md with *_ns in place of *_s).
+    loops, loops_folded (lists of dicts; docs/json.md with *_ns in place of *_s).
 
     Raises RuntimeError if no session is running.
     """
@@ -65,7 +65,9 @@ def monitor_observers(id: int) -> list[Any]:
 
 def monitor_read(id: int) -> dict[str, Any]:
     """The monitor's figures now: load (float in [0, 1], smoothed 1 s), wall_ns,
-    select_wait_ns, select_capped_ns, age_ns, ticks, select_calls, handles, running.
+    select_wait_ns, select_capped_ns, age_ns, ticks, select_calls, handles, running;
+    stepped (bool: a loop without hooked ticks, uvloop, whose load comes from its task
+    steps), step_busy_ns and steps (those steps' time and count).
     Raises ValueError for an unknown id."""
 
 def hist_quantiles(values: Sequence[int], quantiles: Sequence[float]) -> list[int]:

@@ -486,12 +486,15 @@ class _Session:
 
         if o.output is not None and o.output != "-":
             write_atomically(o.output, render)
-            return
-        file = sys.stdout if o.output == "-" else _stderr()
-        if flush or o.output == "-":
-            _flush(sys.stdout, sys.stderr)
-        render(file)
-        file.flush()
+        else:
+            file = sys.stdout if o.output == "-" else _stderr()
+            if flush or o.output == "-":
+                _flush(sys.stdout, sys.stderr)
+            render(file)
+            file.flush()
+        note = report.trace.dropped_note(doc)   # silent drops were issue 7, item 11
+        if note:
+            _say(note)
 
 
 def _interval_ms(opts: argparse.Namespace) -> float:

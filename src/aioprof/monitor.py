@@ -17,6 +17,12 @@ The load is computed in C without calling Python: the share of time the loop is 
 where time blocked in ``select`` counts as idle only up to the timeout it was given
 (time past the timeout means the process was not scheduled: busy), smoothed
 exponentially with a 1 s time constant.
+
+uvloop runs its ticks and ``select`` in compiled code: it sends none of the events above,
+and its busy time is the time inside its task steps (timed through its ``call_soon``),
+everything else counting as idle. Its load is that share, smoothed the same way; work
+uvloop does outside task steps (its own I/O callbacks, plain callbacks) and CPU
+starvation are not seen there (docs/loop-monitor.md).
 """
 from __future__ import annotations
 
@@ -55,9 +61,11 @@ class LoopMonitor:
         if loop is None:
             loop = asyncio.get_running_loop()
         self.loop = loop
-        # Only the standard library's loops run the hooked _run_once and select; for
-        # others (uvloop) every figure is unavailable: None, never 0.
-        self.available = isinstance(loop, asyncio.base_events.BaseEventLoop)
+        # The standard library's loops run the hooked _run_once and select: every figure.
+        # uvloop: the busy time of its task steps, so load and utilization; the tick and
+        # select figures are None, never 0. Any other loop class: nothing (None).
+        self.ticks_seen = isinstance(loop, asyncio.base_events.BaseEventLoop)
+        self.available = self.ticks_seen or type(loop).__module__.split(".")[0] == "uvloop"
         self._id: Optional[int] = _core.monitor_add(loop)
 
     # -- observers ------------------------------------------------------------------
@@ -76,30 +84,42 @@ class LoopMonitor:
 
     # -- figures --------------------------------------------------------------------
     def load(self) -> Optional[float]:
-        """The loop's smoothed load now, in [0, 1] (1 s exponential window); None for a
-        loop aioprof cannot watch (uvloop: see `available`).
+        """The loop's smoothed load now, in [0, 1] (1 s exponential window); None only
+        for a loop class aioprof cannot watch (see `available`).
 
         Time in ``select`` up to its timeout is idle; everything else while the loop
-        runs is busy, including ``select`` sleeping past its timeout. A few hundred
-        nanoseconds: fit for load shedding in a request handler."""
+        runs is busy, including ``select`` sleeping past its timeout. Under uvloop: the
+        share of time spent in task steps. A few hundred nanoseconds: fit for load
+        shedding in a request handler."""
         load = _core.monitor_read(self._checked())["load"]
         return load if self.available else None
 
     def stats(self) -> dict:
         """Figures since the monitor opened: ``load`` (smoothed, as `load()`),
-        ``wall_s`` (time inside ticks), ``select_wait_s``, ``utilization``
-        (1 - select wait / wall), ``capped_load`` (1 - select wait capped at each
-        timeout / wall), ``ticks``, ``select_calls``, ``handles``, ``running``,
-        ``age_s`` (seconds since the monitor opened). All but ``age_s`` are None for a
-        loop aioprof cannot watch."""
+        ``busy_s`` (time the loop was busy), ``wall_s`` (time inside ticks),
+        ``select_wait_s``, ``utilization`` (1 - select wait / wall), ``capped_load``
+        (1 - select wait capped at each timeout / wall), ``ticks``, ``select_calls``,
+        ``handles``, ``running``, ``age_s`` (seconds since the monitor opened).
+
+        Under uvloop ``busy_s`` is the time inside task steps, ``handles`` counts those
+        steps, ``utilization`` is busy / age and ``load`` as `load()`; the tick and select
+        figures and ``capped_load`` are None. All but ``age_s`` are None for a loop class
+        aioprof cannot watch."""
         raw = _core.monitor_read(self._checked())
-        wall = raw["wall_ns"]
-        if not self.available:
-            return {key: None for key in ("load", "wall_s", "select_wait_s", "utilization", "capped_load",
-                                          "ticks", "select_calls", "handles", "running")} | {
-                "age_s": raw["age_ns"] / 1e9}
+        wall, age = raw["wall_ns"], raw["age_ns"]
+        keys = ("load", "busy_s", "wall_s", "select_wait_s", "utilization", "capped_load", "ticks",
+                "select_calls", "handles", "running")
+        if not self.ticks_seen:
+            out: dict = {key: None for key in keys}
+            if self.available:
+                busy = raw["step_busy_ns"]
+                out.update(load=raw["load"], busy_s=busy / 1e9, handles=raw["steps"],
+                           utilization=min(1.0, busy / age) if age > 0 else None)
+            out["age_s"] = age / 1e9
+            return out
         return {
             "load": raw["load"],
+            "busy_s": (wall - raw["select_wait_ns"]) / 1e9,
             "wall_s": wall / 1e9,
             "select_wait_s": raw["select_wait_ns"] / 1e9,
             "utilization": (1 - raw["select_wait_ns"] / wall) if wall else None,
@@ -108,7 +128,7 @@ class LoopMonitor:
             "select_calls": raw["select_calls"],
             "handles": raw["handles"],
             "running": raw["running"],
-            "age_s": raw["age_ns"] / 1e9,
+            "age_s": age / 1e9,
         }
 
     # -- life cycle -------------------------------------------------------------------

@@ -140,6 +140,32 @@ class _HookAfterExec:
         return getattr(self.loader, name)
 
 
+def _loop_notes() -> list:
+    """What aioprof cannot measure about this process's loops, one sentence each: loop
+    classes that replace ``BaseEventLoop._run_once`` (nest_asyncio.apply() does) hide
+    their ticks from the hooks, and a nested run inside a task step is that step's time."""
+    asyncio = sys.modules.get("asyncio")
+    base = getattr(getattr(asyncio, "base_events", None), "BaseEventLoop", None)
+    if base is None:
+        return []
+    replaced, stack, seen = [], list(type.__subclasses__(base)), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(type.__subclasses__(cls))
+        if "_run_once" in vars(cls):
+            replaced.append(cls)
+    if not replaced:
+        return []
+    names = ", ".join(sorted(c.__qualname__ for c in replaced))
+    by = " by nest_asyncio" if any(vars(c).get("_nest_patched") for c in replaced) else ""
+    return [f"{names}: _run_once is replaced{by}: no ticks, select wait, lag or slow ticks; a "
+            "nested run_until_complete is busy time of the step that called it, and the tasks "
+            "it runs get no steps"]
+
+
 class Profiler:
     """Profile the asyncio event loops of this process.
 
@@ -277,13 +303,18 @@ class Profiler:
         """
         from aioprof import report as _report
 
-        _report.write(self.stats(), format=format, file=file if file is not None else sys.stderr,
+        doc = self.stats()
+        _report.write(doc, format=format, file=file if file is not None else sys.stderr,
                       sort=sort, limit=limit, by=by, show_internal=show_internal, width=width,
                       flame=flame)
+        note = _report.trace.dropped_note(doc, "Profiler(trace_buffer=N)") if format == "trace" else None
+        if note:
+            print(f"aioprof: {note}", file=sys.stderr)
 
     # -- internals ----------------------------------------------------------------
     @staticmethod
     def _document(raw: dict) -> dict:
         doc = {"aioprof": 1, "python": platform.python_version()}
         doc.update(_to_seconds(raw))
+        doc["loop_notes"] = _loop_notes()
         return doc

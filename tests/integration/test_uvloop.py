@@ -59,9 +59,13 @@ def test_task_figures_under_uvloop():
         life = t["end_s"] - t["start_s"]
         assert t["busy_s"] + t["scheduled_s"] + t["idle_s"] == pytest.approx(life, abs=1e-6)
     (loop,) = doc["loops"]
-    for key in ("ticks", "select_calls", "select_wait_s", "wall_s", "busy_s", "utilization", "load"):
+    for key in ("ticks", "select_calls", "select_wait_s", "wall_s", "load"):
         assert loop[key] is None, key
     assert loop["lag_max_s"] is not None and loop["lag_count"] >= 6
+    # busy: the task steps, which hold the blocking sleeps (0.12 s in all).
+    assert loop["busy_s"] == pytest.approx(sum(t["busy_s"] for t in doc["tasks"]), abs=1e-3)
+    assert 0 < loop["utilization"] <= 1
+    assert (loop["type"], loop["module"], loop["thread_name"]) == ("Loop", "uvloop", "MainThread")
 
 
 @pytest.mark.sanitize
@@ -76,14 +80,135 @@ def test_uvloop_shutdown_tasks_are_internal():
         assert any(name.endswith("shutdown_asyncgens") for name in internal), internal
 
 
-def test_loop_monitor_on_uvloop_reports_unavailable():
+MS = 1_000_000
+
+
+@pytest.fixture
+def fake_clock():
+    from aioprof import _core
+    _core.set_fake_clock(True)
+    yield _core.fake_advance
+    _core.set_fake_clock(False)
+
+
+def fake_program(adv):
+    """Task steps of 100 ms and 50 ms with a plain callback of 300 ms between them."""
+    async def main():
+        adv(100 * MS, 0)
+        asyncio.get_running_loop().call_soon(adv, 300 * MS, 0)   # not a task step: idle
+        await asyncio.sleep(0)
+        adv(50 * MS, 0)
+    return main
+
+
+@pytest.mark.sanitize
+def test_loop_monitor_on_uvloop_exact(fake_clock):
+    """uvloop has no ticks or select to hook: its busy time is the time in task steps
+    (150 of 450 fake ms), and the load is that share, smoothed as for any loop."""
+    import math
+
     loop = uvloop.new_event_loop()
     try:
         with aioprof.LoopMonitor(loop) as mon:
-            loop.run_until_complete(asyncio.sleep(0.01))
-            assert mon.available is False
-            assert mon.load() is None
+            loop.run_until_complete(fake_program(fake_clock)())
             stats = mon.stats()
-            assert stats["load"] is None and stats["ticks"] is None and stats["age_s"] > 0
+            load = mon.load()
+            assert mon.available and not mon.ticks_seen
     finally:
         loop.close()
+    assert round(stats["busy_s"] * 1e9) == 150 * MS and stats["handles"] == 2
+    assert round(stats["age_s"] * 1e9) == 450 * MS
+    assert stats["utilization"] == pytest.approx(1 / 3, rel=1e-12)
+    expect = 1 - math.exp(-0.1)            # 100 ms busy
+    expect *= math.exp(-0.3)               # 300 ms outside task steps
+    expect = expect * math.exp(-0.05) + (1 - math.exp(-0.05))   # 50 ms busy
+    assert load == pytest.approx(expect, rel=1e-9) and stats["load"] == load
+    for key in ("wall_s", "select_wait_s", "capped_load", "ticks", "select_calls", "running"):
+        assert stats[key] is None, key
+
+
+@pytest.mark.sanitize
+def test_profiler_uvloop_busy_exact(fake_clock):
+    loop = uvloop.new_event_loop()
+    try:
+        with aioprof.Profiler() as p:
+            loop.run_until_complete(fake_program(fake_clock)())
+    finally:
+        loop.close()
+    (row,) = p.stats()["loops"]
+    assert round(row["busy_s"] * 1e9) == 150 * MS
+    assert row["utilization"] == pytest.approx(1 / 3, rel=1e-12)   # from the first call_soon
+
+
+def test_load_inside_a_handler_under_uvloop():
+    """The README's load-shedding snippet runs inside a task step: no TypeError, and the
+    step's own time so far counts as busy."""
+    async def handler(mon):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.03:
+            pass
+        return mon.load() > 0.9, mon.load(), mon.stats()["busy_s"]
+
+    loop = uvloop.new_event_loop()
+    try:
+        with aioprof.LoopMonitor(loop) as mon:
+            shed, load, busy = loop.run_until_complete(handler(mon))
+    finally:
+        loop.close()
+    assert shed is False and 0 < load < 0.9
+    assert busy >= 0.03
+
+
+# One workload on both loops: 4 workers, each 8 rounds of 2 ms of spinning and a 20 ms
+# sleep. The program measures its own busy time (each step from its resumption to its next
+# await) and the wall time around the run; each loop's utilization must be at least that
+# busy share (those spans lie inside the task steps) and at most that plus a little per
+# step (loop and hook work the program cannot time). A starved machine stretches the
+# spinning, which the program measures too.
+WORKERS, ROUNDS, SPIN, PAUSE = 4, 8, 0.002, 0.020
+STEP_ALLOWANCE = 0.0003 * SLACK   # seconds per step not inside the program's spans
+
+
+async def workload():
+    mon = aioprof.LoopMonitor()
+    busy = [0.0]
+
+    async def worker():
+        t = time.perf_counter()
+        for _ in range(ROUNDS):
+            while time.perf_counter() - t < SPIN:
+                pass
+            busy[0] += time.perf_counter() - t
+            await asyncio.sleep(PAUSE)
+            t = time.perf_counter()
+        busy[0] += time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(WORKERS)))
+    wall = time.perf_counter() - t0
+    stats = mon.stats()
+    mon.close()
+    return busy[0], wall, stats
+
+
+@pytest.fixture(scope="module")
+def both_loops():
+    out = {"asyncio": asyncio.new_event_loop(), "uvloop": uvloop.new_event_loop()}
+    try:
+        return {name: loop.run_until_complete(workload()) for name, loop in out.items()}
+    finally:
+        for loop in out.values():
+            loop.close()
+
+
+@pytest.mark.parametrize("name", ["asyncio", "uvloop"])
+def test_utilization_matches_the_programs_busy_share(both_loops, name):
+    """Same workload on both loops: utilization within the program's own busy share and
+    that plus STEP_ALLOWANCE per step (so within that of each other too)."""
+    busy, wall, stats = both_loops[name]
+    share = busy / wall
+    steps = WORKERS * (ROUNDS + 1) + 1
+    upper = (busy + steps * STEP_ALLOWANCE) / wall
+    assert share - 0.01 <= stats["utilization"] <= upper + 0.01, (name, share, stats)
+    assert stats["busy_s"] >= busy * 0.99, (name, busy, stats)
+    assert 0 < stats["load"] <= 1

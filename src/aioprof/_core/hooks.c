@@ -663,15 +663,27 @@ typedef struct {
     vectorcallfunc vectorcall;
 } ap_uvstep_t;
 
+/* A uvloop step timed for the loop's monitor only (no session, or not profiled). */
+static PyObject *uvstep_monitored(ap_uvstep_t *w, ap_monitor_t *m, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames)
+{
+    ap_monitor_step_begin(m, ap_clock_wall());
+    PyObject *r = PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
+    if ((m = monitor_again(w->loop, m)) != NULL)
+        ap_monitor_step_end(m, ap_clock_wall());
+    return r;
+}
+
 static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     ap_uvstep_t *w = (ap_uvstep_t *)self;
     ap_session_t *s = ap_session;
     ap_thread_t *th;
     PyObject *task;
+    ap_monitor_t *m = ap_monitor_count ? ap_monitor_find(w->loop) : NULL;
     if (!s || s->disabled || !(th = ap_thread_get(s)) || th->depth > 0 ||
         !(task = ap_task_of_callback(s, w->cb)))
-        return PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
+        return m ? uvstep_monitored(w, m, args, nargsf, kwnames) : PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
     /* task is borrowed: w->cb holds it, and uvloop holds w while calling it. No extra
      * reference: the program can see refcounts (sys.getrefcount). */
     uint64_t gen = s->gen;
@@ -693,6 +705,8 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
     ap_handle_segments_reset(th, now);
     if (th->sampled)
         ap_sampler_step(th, now, 1);
+    if ((m = monitor_again(w->loop, m)) != NULL)   /* ap_task_new may have run Python code */
+        ap_monitor_step_begin(m, now);
     PyObject *r = PyObject_Vectorcall(w->cb, args, nargsf, kwnames);
     if (still_live(s, gen)) {
         ap_exc_state_t exc;
@@ -717,12 +731,17 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
                 ap_loop_slow(s, l, &rec);
             }
         }
-        if (l)
+        if (l) {
             l->handles++;
+            l->step_busy += end - now;
+            l->last_tick_end = end;
+        }
         if (PyErr_Occurred())
             ap_fault(s, "accounting a uvloop step");
         ap_exc_restore(&exc);
     }
+    if ((m = monitor_again(w->loop, m)) != NULL)
+        ap_monitor_step_end(m, ap_clock_wall());   /* never raises */
     return r;
 }
 
@@ -794,13 +813,19 @@ static PyType_Spec uvstep_spec = {
 static PyObject *hook_uv_call_soon(PyObject *loop, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     ap_session_t *s = ap_session;
-    ap_thread_t *th;
+    ap_thread_t *th = NULL;
     PyObject *task;
-    if (nargs < 1 || !s || s->disabled || !(th = ap_thread_get(s)) || !(task = ap_task_of_callback(s, args[0])))
+    /* Task steps are wrapped for a session and for the loop's monitor (its busy time). */
+    int profile = s && !s->disabled && (th = ap_thread_get(s));
+    int monitored = ap_monitor_count && ap_monitor_find(loop);
+    if (nargs < 1 || (!profile && !monitored) || !(task = ap_task_of_callback(profile ? s : NULL, args[0])))
         return call_orig(H.orig_uv_call_soon, loop, args, nargs, kwnames);
     ap_uvstep_t *w = PyObject_GC_New(ap_uvstep_t, H.uv_step_type);
     if (!w) {
-        ap_fault(s, "wrapping a uvloop step");
+        if (profile)
+            ap_fault(s, "wrapping a uvloop step");
+        else
+            PyErr_Clear();
         return call_orig(H.orig_uv_call_soon, loop, args, nargs, kwnames);
     }
     w->cb = Py_NewRef(args[0]);
@@ -808,8 +833,10 @@ static PyObject *hook_uv_call_soon(PyObject *loop, PyObject *const *args, Py_ssi
     w->vectorcall = uvstep_call;
     PyObject_GC_Track((PyObject *)w);
     /* Same bookkeeping as hook_call_soon: a wake-up or a new task. */
-    ap_task_t *t = ap_task_find(s, task);
-    if (t && t->state == AP_RUNNING) {
+    ap_task_t *t = profile ? ap_task_find(s, task) : NULL;
+    if (!profile) {
+        /* monitor only: nothing to record at call_soon */
+    } else if (t && t->state == AP_RUNNING) {
         t->woke_in_step = 1;
     } else {
         ap_ns_t now = ap_clock_wall();
@@ -821,7 +848,7 @@ static PyObject *hook_uv_call_soon(PyObject *loop, PyObject *const *args, Py_ssi
         if (l)
             l->uvloop = 1;
     }
-    if (PyErr_Occurred())
+    if (profile && PyErr_Occurred())
         ap_fault(s, "recording a uvloop call_soon");
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject *small[8], **buf = nargs + nkw <= 8 ? small : PyMem_Malloc((nargs + nkw) * sizeof(PyObject *));

@@ -93,6 +93,9 @@ static void session_free(ap_session_t *s)
     for (uint32_t i = 0; i < s->n_loops; i++)
         ap_loop_free(s->loops[i]);
     PyMem_RawFree(s->loops);
+    for (uint32_t i = 0; i < s->n_loop_groups; i++)
+        ap_loop_free(s->loop_groups[i]);
+    PyMem_RawFree(s->loop_groups);
     while (s->threads) {
         ap_thread_t *next = s->threads->next;
         Py_XDECREF(s->threads->tick_ready);

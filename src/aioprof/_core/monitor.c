@@ -6,7 +6,12 @@
  * some, with the event names of the asyncio loop-instrumentation proposal:
  * loop_start(), tick_start(), io_start(timeout), io_end(timeout, events),
  * tick_end(handles), loop_stop(). An exception from an observer is reported with
- * sys.unraisablehook and never reaches the loop. */
+ * sys.unraisablehook and never reaches the loop.
+ *
+ * uvloop runs its ticks and select in compiled code, so it has none of those events:
+ * there the busy time is the time inside its task steps (timed through the call_soon
+ * hook, hooks.c), everything else is idle, and the load is that share, smoothed the
+ * same way. Starvation (select sleeping past its timeout) cannot be seen there. */
 #include "monitor.h"
 
 #include <math.h>
@@ -28,6 +33,10 @@ struct ap_monitor {
     uint32_t tick_handles;
     int in_tick, in_select, running;
     ap_ns_t select_t0, select_timeout, select_cap;
+    int stepped;            /* not a BaseEventLoop (uvloop): busy = time in task steps */
+    int in_step;
+    ap_ns_t step_t0, step_busy;
+    uint64_t steps;
 };
 
 static ap_monitor_t *monitors[MAX_MONITORS];
@@ -91,15 +100,41 @@ static PyObject *timeout_obj(ap_ns_t timeout)
     return timeout < 0 ? Py_NewRef(Py_None) : PyFloat_FromDouble((double)timeout / 1e9);
 }
 
+/* `load` after dt more ns at `busy_share` in [0, 1]. */
+static double ewma(double load, ap_ns_t dt, double busy_share)
+{
+    if (dt <= 0)
+        return load;
+    double decay = exp(-(double)dt / LOAD_TAU_NS);
+    return load * decay + busy_share * (1.0 - decay);
+}
+
 /* Fold [updated, now] into the smoothed load, with `busy_share` in [0, 1]. */
 static void load_advance(ap_monitor_t *m, ap_ns_t now, double busy_share)
 {
-    ap_ns_t dt = now - m->updated;
-    if (dt <= 0)
+    if (now <= m->updated)
         return;
-    double decay = exp(-(double)dt / LOAD_TAU_NS);
-    m->load = m->load * decay + busy_share * (1.0 - decay);
+    m->load = ewma(m->load, now - m->updated, busy_share);
     m->updated = now;
+}
+
+void ap_monitor_step_begin(ap_monitor_t *m, ap_ns_t now)
+{
+    if (!m->stepped)
+        return;   /* a standard loop: its ticks and select give the load */
+    load_advance(m, now, 0.0);   /* since the last step: not in a task step */
+    m->in_step = 1;
+    m->step_t0 = now;
+}
+
+void ap_monitor_step_end(ap_monitor_t *m, ap_ns_t now)
+{
+    if (!m->in_step)
+        return;   /* opened during this step */
+    m->in_step = 0;
+    load_advance(m, now, 1.0);
+    m->step_busy += now - m->step_t0;
+    m->steps++;
 }
 
 void ap_monitor_loop_start(ap_monitor_t *m)
@@ -225,6 +260,12 @@ PyObject *ap_monitor_add(PyObject *Py_UNUSED(module), PyObject *loop)
     m->running = running && PyObject_IsTrue(running) == 1;
     Py_XDECREF(running);
     PyErr_Clear();
+    PyObject *be = PyImport_ImportModule("asyncio.base_events");
+    PyObject *bel = be ? PyObject_GetAttrString(be, "BaseEventLoop") : NULL;
+    m->stepped = bel && PyObject_IsInstance(loop, bel) == 0;
+    Py_XDECREF(be);
+    Py_XDECREF(bel);
+    PyErr_Clear();
     monitors[n_monitors++] = m;
     ap_monitor_count = n_monitors;
     return PyLong_FromLongLong(m->id);
@@ -271,19 +312,30 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     /* The smoothed load as of now: time since the last event counts as busy while the
      * loop runs handles, as sleeping while it waits in select (up to its timeout). */
     ap_ns_t now = ap_clock_wall(), dt = now - m->updated;
-    double share = 0.0;
-    if (m->in_select) {
-        ap_ns_t wait = now - m->select_t0, cap = m->select_cap;
-        share = (cap >= 0 && wait > cap) ? (double)(wait - cap) / (double)wait : 0.0;
-    } else if (m->running) {
-        share = 1.0;
-    }
     double load = m->load;
-    if (dt > 0 && m->running) {
-        double decay = exp(-(double)dt / LOAD_TAU_NS);
-        load = load * decay + share * (1.0 - decay);
+    ap_ns_t step_busy = m->step_busy;
+    if (m->stepped) {
+        /* Called from a task step of this loop (a request handler): busy since it began. */
+        if (m->in_step) {
+            load = ewma(load, dt, 1.0);   /* updated == step_t0 */
+            step_busy += now - m->step_t0;
+        } else {
+            load = ewma(load, dt, 0.0);
+        }
+    } else {
+        double share = 0.0;
+        if (m->in_select) {
+            ap_ns_t wait = now - m->select_t0, cap = m->select_cap;
+            share = (cap >= 0 && wait > cap) ? (double)(wait - cap) / (double)wait : 0.0;
+        } else if (m->running) {
+            share = 1.0;
+        }
+        if (m->running)
+            load = ewma(load, dt, share);
     }
-    return Py_BuildValue("{s:d,s:L,s:L,s:L,s:L,s:K,s:K,s:K,s:O}", "load", load, "wall_ns", (long long)m->wall,
+    return Py_BuildValue("{s:d,s:O,s:L,s:K,s:L,s:L,s:L,s:L,s:K,s:K,s:K,s:O}", "load", load,
+                         "stepped", m->stepped ? Py_True : Py_False, "step_busy_ns", (long long)step_busy,
+                         "steps", (unsigned long long)m->steps, "wall_ns", (long long)m->wall,
                          "select_wait_ns", (long long)m->select_wait, "select_capped_ns",
                          (long long)m->select_capped, "age_ns", (long long)(now - m->created), "ticks",
                          (unsigned long long)m->ticks, "select_calls", (unsigned long long)m->select_calls,

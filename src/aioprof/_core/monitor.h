@@ -23,6 +23,9 @@ void ap_monitor_tick_end(ap_monitor_t *m, ap_ns_t now);
 /* timeout: as given to select (for observers); cap: as the selector waits (for the load). */
 void ap_monitor_io_start(ap_monitor_t *m, ap_ns_t now, ap_ns_t timeout, ap_ns_t cap);
 void ap_monitor_io_end(ap_monitor_t *m, ap_ns_t now, Py_ssize_t events);
+/* A task step of a loop without hooked ticks (uvloop) begins / ends: its busy time. */
+void ap_monitor_step_begin(ap_monitor_t *m, ap_ns_t now);
+void ap_monitor_step_end(ap_monitor_t *m, ap_ns_t now);
 
 /* Module functions: monitor_add(loop) -> id; monitor_close(id);
  * monitor_observers(id) -> the observer list (mutable); monitor_read(id) -> dict. */

@@ -20,6 +20,8 @@
 #define AP_CPU_PENDING 256   /* handles per CPU window before a forced read */
 #define AP_SLOW_KEEP 200     /* slow steps kept per loop (the longest) */
 #define AP_RING 4096         /* call_soon ready times remembered per loop */
+#define AP_LOOPS_ENDED_KEEP 8   /* ended loops kept in full; older, smaller ones are folded */
+#define AP_LOOP_GROUPS 32    /* folded groups (thread name, loop class) before "other threads" */
 #define AP_TRACE_THREADS 64  /* threads told apart in the trace */
 
 /* Per code object: names and where it lives. Index into s->codes. */
@@ -153,19 +155,24 @@ typedef struct ap_loop {
     uintptr_t addr;
     PyObject *wr;         /* strong ref to a weak reference to the loop */
     PyObject *type_name;  /* strong str */
+    PyObject *module;     /* strong str: the loop class's __module__, or NULL */
+    PyObject *thread_name;   /* strong str: its thread's name when first seen, or NULL */
     unsigned long thread;
+    uint64_t folded;      /* a group of ended loops (s->loop_groups): how many */
     int real_time;        /* loop.time() is time.monotonic(): timer due times are comparable */
     unsigned destroyed : 1, uvloop : 1;   /* uvloop: no ticks, select or callbacks seen */
     uint64_t ticks, handles, select_calls, io_events;
     ap_ns_t wall, select_wait, select_capped, overhead_cpu;
+    ap_ns_t step_busy;    /* uvloop: time inside the handles the hooks see (no ticks) */
     ap_ns_t first_seen, last_tick_end;
     double load_ewma;
     ap_hist_t tick_hist, handles_hist, lag_hist, timer_hist;
     ap_slow_t slow[AP_SLOW_KEEP];
     uint32_t n_slow;
     uint64_t slow_total;
-    /* FIFO of (handle, ready time) for plain call_soon handles: see hooks.c. */
-    ap_ready_t ring[AP_RING];
+    /* FIFO of (handle, ready time) for plain call_soon handles: see hooks.c. AP_RING
+     * entries, allocated at the first push, freed when the loop ends. */
+    ap_ready_t *ring;
     uint32_t ring_head, ring_len;
 } ap_loop_t;
 
@@ -248,6 +255,9 @@ typedef struct {
     ap_cb_t *cbs; uint32_t n_cbs, cap_cbs;
     ap_task_t **tasks; uint32_t n_tasks, cap_tasks;   /* kept records, in first-seen order */
     ap_loop_t **loops; uint32_t n_loops, cap_loops;
+    /* Ended loops past AP_LOOPS_ENDED_KEEP, folded per (thread name, class): loopstats.c */
+    ap_loop_t **loop_groups; uint32_t n_loop_groups, cap_loop_groups;
+    uint64_t loops_folded;
     ap_thread_t *threads;
     /* stacks, samples (stacks.c) */
     ap_ns_t sample_interval;          /* 0: no sampling */
@@ -279,7 +289,8 @@ uint32_t ap_code_get(ap_session_t *s, PyObject *code);
 uint32_t ap_site_get(ap_session_t *s, PyObject *code, int line);
 /* The line a frame is at (code is the frame's code), through s->line_cache. */
 int ap_frame_line(ap_session_t *s, PyFrameObject *f, PyObject *code);
-/* The task behind a loop callback (borrowed), or NULL when it is not a task step. */
+/* The task behind a loop callback (borrowed), or NULL when it is not a task step.
+ * s may be NULL (loop monitors without a session): then any task step's shape counts. */
 PyObject *ap_task_of_callback(ap_session_t *s, PyObject *callback);
 /* The record of a live task object, or NULL if not seen yet. */
 ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
@@ -348,6 +359,10 @@ void ap_loop_ring_push(ap_loop_t *l, uintptr_t handle, ap_ns_t ready);
 ap_ns_t ap_loop_ring_pop(ap_loop_t *l, uintptr_t handle);
 void ap_loop_free(ap_loop_t *l);
 PyObject *ap_loop_died(PyObject *module, PyObject *wr);
+/* Fold the ended loops past AP_LOOPS_ENDED_KEEP into s->loop_groups; with check_closed,
+ * first mark the loops the program closed (is_closed(), Python code) as ended. Never
+ * raises; the error indicator is kept. */
+void ap_loop_sweep(ap_session_t *s, int check_closed);
 
 /* --- stacks.c --- */
 /* Charge a suspension's idle time to the task's async call stack (awaiters + chain). */

@@ -221,7 +221,30 @@ static int cmp_slow(const void *a, const void *b)
     return (x->dur < y->dur) - (x->dur > y->dur);
 }
 
+static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l);
+
+/* A loop, or a group of folded ended loops (l->folded > 0: no id, thread name and class
+ * identify it, "loops" counts them). */
 static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
+{
+    PyObject *d = loop_fields(s, l);
+    if (!d)
+        return NULL;
+    PyObject *tname = l->thread_name ? l->thread_name : Py_None, *mod = l->module ? l->module : Py_None;
+    if (PyDict_SetItemString(d, "thread_name", tname) < 0 || PyDict_SetItemString(d, "module", mod) < 0)
+        Py_CLEAR(d);
+    if (d && l->folded) {
+        PyObject *n = u64(l->folded);
+        if (!n || PyDict_SetItemString(d, "loops", n) < 0 || PyDict_DelItemString(d, "id") < 0 ||
+            PyDict_DelItemString(d, "destroyed") < 0 || PyDict_SetItemString(d, "load_smoothed", Py_None) < 0 ||
+            (!l->thread_name && PyDict_SetItemString(d, "thread", Py_None) < 0))
+            Py_CLEAR(d);
+        Py_XDECREF(n);
+    }
+    return d;
+}
+
+static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l)
 {
     ap_slow_t sorted[AP_SLOW_KEEP];
     memcpy(sorted, l->slow, l->n_slow * sizeof *sorted);
@@ -235,13 +258,17 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
     }
     if (l->uvloop) {
         /* uvloop runs its ticks and select in Cython: those figures are unavailable,
-         * which is null, never 0. Task steps, their lag and slow steps are measured. */
+         * which is null, never 0. Task steps, their lag and slow steps are measured; busy
+         * is the time inside task steps, utilization that over the span from the first
+         * call_soon to the end of the last step. */
         PyObject *none = Py_None;
+        ap_ns_t span = l->last_tick_end - l->first_seen;
+        PyObject *util = span > 0 ? PyFloat_FromDouble((double)l->step_busy / (double)span) : Py_NewRef(none);
         return dict_of(27, "id", u64(l->id), "type", Py_NewRef(l->type_name),
                        "thread", PyLong_FromUnsignedLong(l->thread), "ticks", Py_NewRef(none),
                        "handles", u64(l->handles), "select_calls", Py_NewRef(none),
                        "io_events", Py_NewRef(none), "wall_ns", Py_NewRef(none), "select_wait_ns", Py_NewRef(none),
-                       "busy_ns", Py_NewRef(none), "utilization", Py_NewRef(none), "load", Py_NewRef(none),
+                       "busy_ns", ns(l->step_busy), "utilization", util, "load", Py_NewRef(none),
                        "load_smoothed", Py_NewRef(none),
                        "lag_p50_ns", ns(ap_hist_quantile(&l->lag_hist, 0.5)),
                        "lag_p90_ns", ns(ap_hist_quantile(&l->lag_hist, 0.9)),
@@ -281,7 +308,7 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
 
 PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
 {
-    PyObject *tasks = NULL, *coros = NULL, *cbs = NULL, *sites = NULL, *loops = NULL, *res = NULL;
+    PyObject *tasks = NULL, *coros = NULL, *cbs = NULL, *sites = NULL, *loops = NULL, *folded = NULL, *res = NULL;
     uint32_t n_sites0 = s->n_sites;
     /* Walking current chains may add sites, so size the scratch arrays generously and
      * walk before reading site totals. */
@@ -380,6 +407,7 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
     if (!sites)
         goto done;
 
+    ap_loop_sweep(s, 1);
     loops = PyList_New(0);
     for (uint32_t i = 0; loops && i < s->n_loops; i++) {
         PyObject *o = loop_obj(s, s->loops[i]);
@@ -387,7 +415,14 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
             Py_CLEAR(loops);
         Py_XDECREF(o);
     }
-    if (!loops)
+    folded = PyList_New(0);
+    for (uint32_t i = 0; folded && i < s->n_loop_groups; i++) {
+        PyObject *o = loop_obj(s, s->loop_groups[i]);
+        if (!o || PyList_Append(folded, o) < 0)
+            Py_CLEAR(folded);
+        Py_XDECREF(o);
+    }
+    if (!loops || !folded)
         goto done;
 
     res = dict_of(9, "wall_ns", ns((s->t_stop ? s->t_stop : now) - s->t0), "cpu_window_ns", ns(s->cpu_window),
@@ -395,7 +430,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
                   "warnings", PySequence_List(s->faults), "tasks", Py_NewRef(tasks),
                   "coroutines", Py_NewRef(coros), "callbacks", Py_NewRef(cbs),
                   "sites", Py_NewRef(sites));
-    if (res && (PyDict_SetItemString(res, "loops", loops) < 0 || ap_stacks_snapshot(s, res) < 0 ||
+    if (res && (PyDict_SetItemString(res, "loops", loops) < 0 || PyDict_SetItemString(res, "loops_folded", folded) < 0 ||
+                ap_stacks_snapshot(s, res) < 0 ||
                 ap_trace_snapshot(s, res) < 0))
         Py_CLEAR(res);
 done:
@@ -404,6 +440,7 @@ done:
     Py_XDECREF(cbs);
     Py_XDECREF(sites);
     Py_XDECREF(loops);
+    Py_XDECREF(folded);
     PyMem_RawFree(cx);
     PyMem_RawFree(site_idle);
     PyMem_RawFree(inner_idle);

@@ -181,6 +181,8 @@ static PyTypeObject *stepwrap_type;  /* C Task's TaskStepMethWrapper */
 
 static int is_task(ap_session_t *s, PyObject *obj)
 {
+    if (!s)
+        return 1;   /* a loop monitor without a session: the callback's shape is enough */
     Py_ssize_t n = PyTuple_GET_SIZE(s->task_types);
     for (Py_ssize_t i = 0; i < n; i++)   /* exact types first: the common case, no MRO walk */
         if (Py_IS_TYPE(obj, (PyTypeObject *)PyTuple_GET_ITEM(s->task_types, i)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -42,6 +43,8 @@ SEP = "  "              # between columns
 TREE_MIN_FRACTION = 0.01  # call tree nodes below this share of the sampled time are left out
 TREE_INDENT = 2         # characters of indentation per call tree level
 BLOCKING_STACKS = 5     # blocking stacks (by innermost line) listed in the loops section
+LOOPS_SHOWN = 5         # event loops shown in full (running first, then the busiest)
+NO_LOOP_NOTE = "No asyncio event loop ran: no loop figures (aioprof sees asyncio and uvloop)."
 
 # Sort key -> (field of tasks and coroutines, column header it sorts).
 _SORT_FIELD = {"busy": "busy_s", "cpu": "cpu_s", "scheduled": "scheduled_s",
@@ -205,6 +208,46 @@ def _sorted(rows: Iterable[dict], field: str) -> List[dict]:
 def _list(doc: Dict[str, Any], key: str) -> List[dict]:
     value = doc.get(key)
     return [row for row in value if isinstance(row, dict)] if isinstance(value, list) else []
+
+
+def _class_of(loop: dict) -> str:
+    """The loop's class: module-qualified outside asyncio (``uvloop.Loop``)."""
+    cls, module = _str(loop.get("type")), loop.get("module")
+    if isinstance(module, str) and module and module != "asyncio" and not module.startswith("asyncio."):
+        return f"{module}.{cls}"
+    return cls
+
+
+def _thread_of(loop: dict) -> str:
+    """The loop's thread by name (threading's), else by ident; "-" if neither."""
+    name = loop.get("thread_name")
+    if isinstance(name, str) and name:
+        return name
+    thread = loop.get("thread")
+    return "(other threads)" if thread is None and loop.get("loops") is not None else _str(thread)
+
+
+def _loop_totals(members: List[dict]) -> List[str]:
+    """The summed figures of loops and folded groups: busy, ticks, handles, select wait,
+    the worst lag and the slow steps."""
+    def total(key: str) -> Optional[float]:
+        values = [_num(m.get(key)) for m in members]
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    def worst(key: str) -> Optional[float]:
+        known = [v for v in (_num(m.get(key)) for m in members) if v is not None]
+        return max(known) if known else None
+
+    items = []
+    for label, value, fmt in (("busy", total("busy_s"), lambda v: f"{_ms(v)} ms"),
+                              ("ticks", total("ticks"), _int), ("handles", total("handles"), _int),
+                              ("select wait", total("select_wait_s"), lambda v: f"{_ms(v)} ms"),
+                              ("lag max", worst("lag_max_s"), lambda v: f"{_ms(v)} ms"),
+                              ("slow steps", total("slow_total"), _int)):
+        if value is not None:
+            items.append(f"{label} {fmt(value)}")
+    return items
 
 
 class _Node:
@@ -553,11 +596,43 @@ class _Renderer:
         return out
 
     def loops(self) -> List[str]:
+        """The loops: LOOPS_SHOWN in full (running ones first, then the busiest), the
+        rest rolled up per thread and loop class with the ended loops the core folded
+        (doc["loops_folded"]), then the totals of all."""
         loops = _list(self.doc, "loops")
-        out = ["Event loops"] if loops else []
-        for i, loop in enumerate(loops, 1):
-            out.extend(self._loop(loop, i))
-        out.extend(self.blocking(loops))
+        folded = _list(self.doc, "loops_folded")
+        notes = self.doc.get("loop_notes")
+        notes = [line for n in (notes if isinstance(notes, list) else []) if isinstance(n, str)
+                 for line in textwrap.wrap(f"Not measured: {n}.", self.width - 1,
+                                           initial_indent="  ", subsequent_indent="    ")]
+        if not loops and not folded:
+            if notes:
+                return ["Event loops"] + notes
+            if isinstance(self.doc.get("loops"), list):
+                return [NO_LOOP_NOTE]
+            return []
+        n_folded = sum(int(_num(g.get("loops")) or 0) for g in folded)
+        total = len(loops) + n_folded
+        out = ["Event loops" + (f"  ({total}; {n_folded} ended ones folded per thread and class)"
+                                if n_folded else "")] + notes
+        order = sorted(range(len(loops)), key=lambda i: (bool(loops[i].get("destroyed")),
+                                                       -(_num(loops[i].get("busy_s")) or 0.0), i))
+        shown = sorted(order[:LOOPS_SHOWN])
+        for i in shown:
+            out.extend(self._loop(loops[i], i + 1))
+        groups: Dict[Tuple[str, str], List[dict]] = {}
+        for i in order[LOOPS_SHOWN:]:
+            groups.setdefault((_thread_of(loops[i]), _class_of(loops[i])), []).append(loops[i])
+        for g in folded:
+            groups.setdefault((_thread_of(g), _class_of(g)), []).append(g)
+        for (thread, cls), members in groups.items():
+            count = sum(int(_num(m.get("loops")) or 1) for m in members)
+            out.append(f"  {count} more loop{'s' if count != 1 else ''} ({cls}), thread {thread}")
+            out.extend(self._wrap(_loop_totals(members)))
+        if groups:
+            out.append(f"  all {total} loops")
+            out.extend(self._wrap(_loop_totals(loops + folded)))
+        out.extend(self.blocking(loops + folded))
         return out
 
     def blocking(self, loops: List[dict]) -> List[str]:
@@ -613,9 +688,9 @@ class _Renderer:
 
         name = f"loop {_str(get('id') or index)}"
         if get("type"):
-            name += f" ({get('type')})"
-        if get("thread") is not None:
-            name += f", thread {get('thread')}"
+            name += f" ({_class_of(loop)})"
+        if get("thread") is not None or get("thread_name"):
+            name += f", thread {_thread_of(loop)}"
         if get("destroyed"):
             name += ", ended"   # the loop object is gone (closed and collected)
         groups: List[List[str]] = [[], [], [], []]

@@ -31,10 +31,24 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["LOOP_TID_BASE", "render", "to_us"]
+__all__ = ["LOOP_TID_BASE", "dropped_note", "render", "to_us"]
 
 LOOP_TID_BASE = 2_000_000_000   # tids of the loop and callbacks tracks (task ids stay below)
 _STEPS_PER_US = 8               # time grid: 1/8 µs
+
+
+def dropped_note(doc: Dict[str, Any], option: str = "--trace-buffer N") -> Optional[str]:
+    """One line for stderr when the trace ring overflowed (doc["trace"]["dropped"] > 0):
+    how many events were lost and `option`, which keeps more; None when none was."""
+    tr = doc.get("trace")
+    if not isinstance(tr, dict):
+        return None
+    dropped, kept = _int(tr.get("dropped")), _int(tr.get("capacity"))
+    if not dropped or dropped < 0:
+        return None
+    kept_text = f"; it kept the newest {kept:,}" if kept else ""
+    return (f"the trace ring overflowed: {dropped:,} older events were dropped{kept_text}. "
+            f"{option} keeps more (40 bytes each).")
 
 
 def to_us(seconds: float) -> float:
@@ -236,8 +250,10 @@ class _Builder:
             loop = self.loops.get(pid, {})
             name = f"loop {pid}"
             if loop.get("type"):
-                name += f" ({loop['type']})"
-            thread = self.loop_threads.get(pid)
+                module = loop.get("module")
+                qualify = isinstance(module, str) and module.split(".")[0] not in ("", "asyncio")
+                name += f" ({module}.{loop['type']})" if qualify else f" ({loop['type']})"
+            thread = loop.get("thread_name") or self.loop_threads.get(pid)
             if thread is not None:
                 name += f", thread {thread}"
             out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": loop_tid,
