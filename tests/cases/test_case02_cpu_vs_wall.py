@@ -8,7 +8,7 @@ import pytest
 
 import _harness as H
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 
 def tol(expected: float) -> float:
@@ -129,8 +129,15 @@ def test_whole_run_cpu(run):
 
 def test_blocking_lines_sampled(run):
     # The two blocking steps, by line: cpu_burn at [B_CPU], time.sleep at [B_IO].
+    # [B_CPU]'s step is compared with the program's clock in test_loop; the samples of a
+    # step add up to that step (docs/stacks.md). cpu_burn spins for 0.30 s of CPU: if the
+    # run took so much longer that the burn got less than 75% of a CPU, the sampler (which
+    # signals only a thread that is running, 3.10-3.12) is not checked by line.
     x = excess(run)
-    H.near(run.sampled_under_task("job", ("job", run.line("B_CPU"))), 0.30 + x, tol(0.30),
-           f"sampled time at [B_CPU] (excess {x:.3f} s)")
+    if 0.30 / (0.30 + x) < 0.75:
+        pytest.skip(f"the run took {x:.3f} s longer than 1.20 s: cpu_burn was off CPU too long")
+    first = run.slow(run.the_loop(), "step")[0]["duration_s"]
+    H.near(run.sampled_under_task("job", ("job", run.line("B_CPU"))), first, tol(0.30),
+           f"sampled time at [B_CPU] (its step: {first:.3f} s)")
     H.near(run.sampled_under_task("job", ("job", run.line("B_IO"))), 0.30, tol(0.30),
            "sampled time at [B_IO]")
