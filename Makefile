@@ -24,10 +24,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 PIP_INSTALL = $(1) -m pip install --quiet --upgrade-strategy only-if-needed
 BUILD_DEPS := "setuptools>=61" wheel
-TEST_DEPS := pytest hypothesis aiohttp uvloop
+# The pip test dependencies, pinned to versions that install on 3.10-3.13 (tests/real/ needs
+# the servers and clients it runs).
+TEST_DEPS := -r tests/requirements.txt
 # Checked first, so that `make deps` costs one import when everything is there.
 BUILD_CHECK := import setuptools, wheel; assert int(setuptools.__version__.split(".")[0]) >= 61
-TEST_CHECK := $(BUILD_CHECK); import pytest, hypothesis, aiohttp, uvloop
+TEST_CHECK := $(BUILD_CHECK); import pytest, pytest_rerunfailures, hypothesis, aiohttp, uvloop, \
+	fastapi, uvicorn, httpx, websockets, sqlalchemy, greenlet, aiosqlite, asyncpg, anyio, \
+	nest_asyncio, django
 
 # Extra arguments for every pytest run, e.g. `make test PYTEST_ARGS="-x -k hooks"`.
 PYTEST_ARGS ?=
@@ -55,8 +59,8 @@ VALGRIND := valgrind --quiet --error-exitcode=99 --errors-for-leak-kinds=definit
 	--leak-check=full --show-leak-kinds=definite --num-callers=40 \
 	--suppressions=tools/valgrind.supp
 
-.PHONY: help build build-all deps deps-all build-deps test test-py asan valgrind lint \
-	bench demo install-check clean
+.PHONY: help build build-all deps deps-all build-deps test test-py test-real test-asyncio \
+	asan valgrind lint bench demo install-check clean
 
 help:
 	@echo "make build         build aioprof._core in place for PY (default python3)"
@@ -64,7 +68,9 @@ help:
 	@echo "make deps          pip install the test dependencies into PY"
 	@echo "make deps-all      the same for every interpreter in PYTHONS"
 	@echo "make test          setup (apt, pip), then build and pytest on each of PYTHONS, asan, valgrind"
-	@echo "make test-py       pytest (minus 'bench' tests) on PY only"
+	@echo "make test-py       pytest (minus 'bench' tests) on PY only; tests/real/ included"
+	@echo "make test-real     only tests/real/ (real servers and clients under aioprof) on PY"
+	@echo "make test-asyncio  CPython's test_asyncio under aioprof on PY (SAMPLE_MS=1: sampling)"
 	@echo "make asan          '-m sanitize' tests against an ASan+UBSan build ($(ASAN_PY))"
 	@echo "make valgrind      '-m sanitize' tests under valgrind memcheck ($(VALGRIND_PY))"
 	@echo "make lint          cppcheck on src/aioprof/_core"
@@ -102,6 +108,15 @@ test:
 test-py: build
 	@PYTHONPATH=src $(PYTEST) py$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
 		$(PYTHON) -m pytest -m "not bench" $(PYTEST_ARGS)
+
+test-real: build
+	@PYTHONPATH=src $(PYTEST) real$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+		$(PYTHON) -m pytest tests/real $(PYTEST_ARGS)
+
+# CPython's own test_asyncio with aioprof started in every process (tests/suites/).
+SAMPLE_MS ?= 0
+test-asyncio: build
+	@timeout --kill-after=30 $${PYTEST_TIMEOUT:-1200} $(PYTHON) tests/suites/run_stdlib.py --interval $(SAMPLE_MS)
 
 # Copy the pure-Python package next to the ASan .so, so that `import aioprof._core` under
 # PYTHONPATH=build/asan finds the ASan build and never the in-place one in src/.

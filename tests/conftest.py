@@ -1,9 +1,20 @@
 """Shared test setup: markers, Hypothesis settings and the fixtures every test directory uses.
 
 Markers: ``sanitize`` tests also run under `make asan` and `make valgrind` (keep them fast and
-in-process); ``slow`` marks long tests; ``bench`` tests are left out of `make test`.
+in-process); ``slow`` marks long tests; ``bench`` tests are left out of `make test`;
+``timing`` marks tests that check real (wall-clock) durations.
 Under `make asan` / `make valgrind` the environment variable AIOPROF_SANITIZER is "asan" or
 "valgrind", so a test can relax its timing checks there.
+
+Environment (tools/pytest.sh sets the first two for every run of `make test`):
+  AIOPROF_TIMING_RERUNS=N   a failed ``timing`` test runs again, up to N times
+                            (pytest-rerunfailures), with its module's fixtures run afresh;
+                            no other test is ever rerun. Default 0.
+  AIOPROF_RERUN_LOG=FILE    the tests that passed only on a rerun, one node id a line.
+  AIOPROF_REQUIRE_CASES=1   a missing shared-cases folder fails the case tests (else they
+                            skip, saying why).
+  AIOPROF_CASES=DIR         the shared cases; default ../shared/cases next to the repo.
+See docs/testing.md.
 """
 from __future__ import annotations
 
@@ -12,7 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 import pytest
 
@@ -24,6 +35,59 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sanitize: also run under ASan/UBSan and valgrind (fast, in-process)")
     config.addinivalue_line("markers", "slow: takes seconds, not milliseconds")
     config.addinivalue_line("markers", "bench: a benchmark; not part of `make test`")
+    config.addinivalue_line("markers", "timing: checks real durations; rerun once on failure "
+                                       "under `make test` (AIOPROF_TIMING_RERUNS)")
+    if TIMING_RERUNS and not config.pluginmanager.hasplugin("rerunfailures"):
+        raise pytest.UsageError("AIOPROF_TIMING_RERUNS is set but pytest-rerunfailures is not "
+                                "installed (make deps)")
+
+
+# ---------------------------------------------------------------- reruns of timing tests
+
+TIMING_RERUNS = int(os.environ.get("AIOPROF_TIMING_RERUNS") or 0)
+_items: Dict[str, pytest.Item] = {}
+_rerun: Set[str] = set()
+_passed: Set[str] = set()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if not TIMING_RERUNS:
+        return
+    for item in items:
+        if item.get_closest_marker("timing") and not item.get_closest_marker("flaky"):
+            item.add_marker(pytest.mark.flaky(reruns=TIMING_RERUNS))
+            _items[item.nodeid] = item
+
+
+def _refresh_shared_fixtures(item: pytest.Item) -> None:
+    """Before a rerun: forget the results of the module- and class-scoped fixtures the test
+    uses (e.g. the one subprocess run its module's tests share), so the rerun measures a new
+    run of the program instead of asserting again on the run that failed."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        for fd in defs:
+            if fd.scope in ("module", "class") and fd.cached_result is not None:
+                finalizers = getattr(fd, "_finalizers", [])
+                while finalizers:
+                    finalizers.pop()()
+                fd.cached_result = None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun":
+        _rerun.add(report.nodeid)
+        item = _items.get(report.nodeid)
+        if item is not None:
+            _refresh_shared_fixtures(item)
+    elif report.when == "call" and report.passed:
+        _passed.add(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    log = os.environ.get("AIOPROF_RERUN_LOG")
+    if log:
+        with open(log, "w", encoding="utf-8") as f:
+            f.writelines(f"{nodeid}\n" for nodeid in sorted(_rerun & _passed))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -92,10 +156,25 @@ def _aioprof_runner() -> RunAioprof:
     return run
 
 
+def cases_dir() -> Path:
+    """Where the shared case programs are: $AIOPROF_CASES, else ../shared/cases next to the
+    repository (docs/testing.md). Nowhere else is looked at."""
+    named = os.environ.get("AIOPROF_CASES")
+    return Path(named).resolve() if named else REPO.parent / "shared" / "cases"
+
+
 @pytest.fixture(scope="session")
 def shared_cases() -> Path:
-    """The programs of ../shared/cases next to the repo (or /work/shared/cases); skip if absent."""
-    for cases in (REPO.parent / "shared" / "cases", Path("/work/shared/cases")):
-        if cases.is_dir():
-            return cases
-    pytest.skip("shared/cases not found next to the repository nor in /work/shared")
+    """The folder of the shared case programs (cases_dir()). When it is missing, the case
+    tests fail if AIOPROF_CASES names it or AIOPROF_REQUIRE_CASES is set (`make test`, CI),
+    and skip, saying so, otherwise."""
+    cases = cases_dir()
+    if cases.is_dir():
+        return cases
+    how = "AIOPROF_CASES names" if os.environ.get("AIOPROF_CASES") else \
+        "no AIOPROF_CASES, and the default location"
+    msg = (f"shared cases not found: {how} {cases}, which is not a directory "
+           f"(set AIOPROF_CASES to the folder of the case programs; see docs/testing.md)")
+    if os.environ.get("AIOPROF_CASES") or os.environ.get("AIOPROF_REQUIRE_CASES"):
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)

@@ -30,4 +30,7 @@ fi
 # gcc provides libasan/libubsan for `make asan`. libc6-dbg only improves valgrind's stacks.
 apt_install make gcc libc6-dev valgrind
 apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)" >&2
+# tests/real/ starts its own PostgreSQL server (initdb + postgres from /usr/lib/postgresql/*/bin,
+# in a temporary directory; the packaged cluster is not used).
+apt_install postgresql
 "${MAKE:-make}" --no-print-directory deps-all

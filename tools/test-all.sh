@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # `make test`: setup (tools/install-deps.sh: missing Debian packages, then the pip test
 # dependencies of every interpreter), then build and pytest on each interpreter in $PYTHONS,
-# then `make asan` and `make valgrind`. Every step runs even when an earlier one failed
+# then CPython's own test_asyncio under aioprof on each (tests/suites/; with sampling on
+# $SAMPLED_PY only, to save time: docs/testing.md), then `make asan` and `make valgrind`. Every step runs even when an earlier one failed
 # (pytest is skipped only for an interpreter whose build failed), and the summary at the
 # end names the failures. Exit status 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${PYTHONS:?set PYTHONS to the interpreters to test (the Makefile does)}"
 MAKE=${MAKE:-make}
+SAMPLED_PY=${SAMPLED_PY:-3.12}   # the interpreter whose test_asyncio run samples (1 ms)
 rm -rf build/test-results
 
 names=() results=() secs=()
@@ -30,8 +32,12 @@ for py in $PYTHONS; do
     ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || ver=$py
     if step "build $ver" "$MAKE" --no-print-directory build PY="$py"; then
         step "pytest $ver" "$MAKE" --no-print-directory test-py PY="$py"
+        sample=0 how=""
+        [ "$ver" = "$SAMPLED_PY" ] && sample=1 how=", sampling"
+        step "test_asyncio $ver$how" "$MAKE" --no-print-directory test-asyncio PY="$py" SAMPLE_MS=$sample
     else
-        names+=("pytest $ver") secs+=(0) results+=("SKIPPED (build failed)")
+        names+=("pytest $ver" "test_asyncio $ver") secs+=(0 0)
+        results+=("SKIPPED (build failed)" "SKIPPED (build failed)")
     fi
 done
 step "asan" "$MAKE" --no-print-directory asan
@@ -65,7 +71,14 @@ for path in sorted(glob.glob("build/test-results/*.xml")):
 if failed_steps and not total["failed"]:
     # A step failed without a failing test (build error, crash, sanitizer report, no tests).
     total["failed"] = failed_steps
-print(f"tests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+reruns = [(os.path.basename(p)[:-7], line.strip()) for p in sorted(glob.glob("build/test-results/*.reruns"))
+          for line in open(p, encoding="utf-8") if line.strip()]
+if reruns:
+    print(f"passed only on a rerun ({len(reruns)}; timing tests, docs/testing.md):")
+    for label, nodeid in reruns:
+        print(f"  {label:26} {nodeid}")
+print(f"tests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
+      + (f", {len(reruns)} passed only on a rerun" if reruns else ""))
 PY
 if [ "$failed" -ne 0 ]; then
     echo "make test: FAILED ($failed step(s))" >&2

@@ -429,16 +429,43 @@ def first_step_delay(task: dict) -> float:
     return task["first_step_s"] - task["start_s"]
 
 
-def check_wall_cpu_split(run: CaseRun, task: dict, expected_busy: float, what: str) -> None:
+def cpu_share(run: CaseRun, spin_cpu: float) -> float:
+    """The share (0..1) of the CPU its spins need that the OS gave the case's process in
+    this run: its CPU (getrusage, less an empty program's start-up CPU) over `spin_cpu`
+    seconds of spinning. 1.0 when unknown."""
+    base = baseline_cpu()
+    if run.child_cpu_s is None or base is None:
+        return 1.0
+    return max(0.0, min(1.0, (run.child_cpu_s - base) / spin_cpu))
+
+
+def check_wall_cpu_split(run: CaseRun, task: dict, expected_busy: float, what: str,
+                         spin_cpu: Optional[float] = None) -> None:
     """CPU of a step that burns with time.perf_counter (a wall-clock spin): on a loaded
     machine the thread gets less CPU than wall time, so only bound it: never more than
-    its busy time (+ one 20 ms allowance), at least half the expected CPU."""
+    its busy time (+ one 20 ms allowance), at least half the expected CPU; when the OS
+    gave the process only a share of the CPU its spins need (cpu_share(), `spin_cpu` s in
+    all), a quarter of the expected CPU times that share, less one 4 ms scheduler slice
+    (a starved process's CPU falls unevenly on its steps)."""
     assert task["cpu_s"] <= task["busy_s"] + 0.02, \
         f"{what}: cpu_s {task['cpu_s']:.4f} > busy_s {task['busy_s']:.4f} + 0.02"
-    assert task["cpu_s"] >= 0.5 * expected_busy, \
-        (f"{what}: cpu_s {task['cpu_s']:.4f} < half of the expected {expected_busy:.4f} "
-         f"(the process got {run.child_cpu_s and run.child_cpu_s - (baseline_cpu() or 0):.3f} s of CPU "
-         f"beyond start-up in {run.doc['wall_s']:.3f} s: CPU-starved?)")
+    share = cpu_share(run, spin_cpu) if spin_cpu else 1.0
+    low = 0.5 * expected_busy if share >= 1.0 else 0.25 * expected_busy * share - 0.004
+    assert task["cpu_s"] >= low, \
+        (f"{what}: cpu_s {task['cpu_s']:.4f} < {low:.4f}, half of the expected {expected_busy:.4f} "
+         f"times the CPU share {share:.2f} the OS gave the process (it got "
+         f"{run.child_cpu_s and run.child_cpu_s - (baseline_cpu() or 0):.3f} s of CPU beyond "
+         f"start-up in {run.doc['wall_s']:.3f} s)")
+
+
+def skip_unless_on_cpu(run: CaseRun, spin_cpu: float) -> None:
+    """Skip a check of sampled lines when the OS gave the process less than 75% of the CPU
+    its spins need in this run: on 3.10-3.12 the sampler signals only a thread that is on a
+    CPU (docs/stacks.md), so how the samples of a starved run fall on lines depends on the
+    OS. Never decided by aioprof's figures."""
+    share = cpu_share(run, spin_cpu)
+    if share < 0.75:
+        pytest.skip(f"the process got {share:.0%} of the CPU its spins need: sampled lines not checked")
 
 
 def check_lifetimes(run: CaseRun) -> None:

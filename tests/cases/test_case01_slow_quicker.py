@@ -10,7 +10,7 @@ import pytest
 
 import _harness as H
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 TOL = 0.025          # the header's +-25 ms (slow's busy); "~0" values use it too
 N = 5

@@ -8,7 +8,7 @@ import pytest
 
 import _harness as H
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 
 def tol(expected: float) -> float:
@@ -25,9 +25,11 @@ def excess(run) -> float:
 
     cpu_burn spins until 0.30 s of *CPU* time have passed: on a loaded machine that takes
     more than 0.30 s of wall time (the rest of the run is sleeps, which do not stretch).
-    The header's wall figures that include the burn (job's busy, its first step, the run's
-    wall) are compared as header value + this excess, with the header's tolerance; on a
-    quiet machine the excess is ~0 and they are the header's values as written."""
+    The run's wall is compared as header value + this excess; the figures that include
+    the burn (job's busy, its first step) lie between the header's value and the header's
+    value + this excess (part of the excess can be late wake-ups of the sleeps), with the
+    header's tolerance; on a quiet machine the excess is ~0 and they are the header's
+    values as written."""
     m = re.match(r"wall=(\d+\.\d+) s", run.stdout)
     assert m, run.stdout
     return max(0.0, float(m.group(1)) - 1.20)
@@ -56,7 +58,7 @@ def test_job(run):
     t = job(run)
     assert t["steps"] == 3                                   # start + 2 resumptions
     x = excess(run)
-    H.near(t["busy_s"], 0.60 + x, tol(0.60), f"job busy_s (cpu_burn 0.3 s + time.sleep 0.3 s; excess {x:.3f} s)")
+    H.within(t["busy_s"], 0.60 - tol(0.60), 0.60 + x + tol(0.60), f"job busy_s (cpu_burn 0.3 s + time.sleep 0.3 s; excess {x:.3f} s)")
     # cpu_burn spins on time.process_time, so its CPU is real CPU even on a loaded machine.
     H.near(t["cpu_s"], 0.30, tol(0.30), "job cpu_s")
     H.near(t["idle_s"], 0.60, tol(0.60), "job idle_s")
@@ -101,19 +103,19 @@ def test_loop(run):
     steps = run.slow(loop, "step")
     assert [s["task"] for s in steps] == [t["id"], t["id"]], steps
     x = excess(run)
-    H.near(steps[0]["duration_s"], 0.30 + x, tol(0.30), f"blocking step 1 (cpu_burn; excess {x:.3f} s)")
-    H.near(steps[1]["duration_s"], 0.30, tol(0.30), "blocking step 2 (time.sleep)")
+    H.within(steps[0]["duration_s"], 0.30 - tol(0.30), 0.30 + x + tol(0.30), f"blocking step 1 (cpu_burn; excess {x:.3f} s)")
+    H.within(steps[1]["duration_s"], 0.30 - tol(0.30), 0.30 + x + tol(0.30), "blocking step 2 (time.sleep)")
     for s in steps:
         assert run.is_site(s["step_end"], run.line("A_IO")), s
     assert steps[0]["step_start"] is None
     assert run.is_site(steps[1]["step_start"], run.line("A_IO")), steps[1]
     assert run.slow(loop, "callback") == []
-    H.near(loop["select_wait_s"], 0.60, tol(0.60), "loop select_wait_s")
-    H.near(loop["busy_s"], 0.60 + x, tol(0.60), "loop busy_s")
+    H.within(loop["select_wait_s"], 0.60 - tol(0.60), 0.60 + x + tol(0.60), "loop select_wait_s")
+    H.within(loop["busy_s"], 0.60 - tol(0.60), 0.60 + x + tol(0.60), "loop busy_s")
     H.near(loop["wall_s"], 1.20 + x, tol(1.20), "loop wall_s (whole run)")
-    H.near(loop["utilization"], (0.60 + x) / (1.20 + x), tol(0.60) / (1.20 + x),
-           "loop load (1 - select wait / wall)")
-    H.near(loop["tick_busy_max_s"], 0.30 + x, tol(0.30), "loop tick_busy_max_s")
+    H.within(loop["utilization"], (0.60 - tol(0.60)) / (1.20 + x + tol(1.20)),
+             (0.60 + x + tol(0.60)) / (1.20 + x - tol(1.20)), "loop load (1 - select wait / wall)")
+    H.within(loop["tick_busy_max_s"], 0.30 - tol(0.30), 0.30 + x + tol(0.30), "loop tick_busy_max_s")
     assert loop["io_events"] == 0
 
 
@@ -129,8 +131,15 @@ def test_whole_run_cpu(run):
 
 def test_blocking_lines_sampled(run):
     # The two blocking steps, by line: cpu_burn at [B_CPU], time.sleep at [B_IO].
+    # [B_CPU]'s step is compared with the program's clock in test_loop; the samples of a
+    # step add up to that step (docs/stacks.md). cpu_burn spins for 0.30 s of CPU: if the
+    # run took so much longer that the burn got less than 75% of a CPU, the sampler (which
+    # signals only a thread that is running, 3.10-3.12) is not checked by line.
     x = excess(run)
-    H.near(run.sampled_under_task("job", ("job", run.line("B_CPU"))), 0.30 + x, tol(0.30),
-           f"sampled time at [B_CPU] (excess {x:.3f} s)")
-    H.near(run.sampled_under_task("job", ("job", run.line("B_IO"))), 0.30, tol(0.30),
-           "sampled time at [B_IO]")
+    if 0.30 / (0.30 + x) < 0.75:
+        pytest.skip(f"the run took {x:.3f} s longer than 1.20 s: cpu_burn was off CPU too long")
+    first, second = (s["duration_s"] for s in run.slow(run.the_loop(), "step"))
+    H.near(run.sampled_under_task("job", ("job", run.line("B_CPU"))), first, tol(0.30),
+           f"sampled time at [B_CPU] (its step: {first:.3f} s)")
+    H.near(run.sampled_under_task("job", ("job", run.line("B_IO"))), second, tol(0.30),
+           f"sampled time at [B_IO] (its step: {second:.3f} s)")

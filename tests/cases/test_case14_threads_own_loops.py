@@ -6,7 +6,7 @@ import pytest
 
 import _harness as H
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 N = 3
 

@@ -1,5 +1,10 @@
 """Case 16 (../shared/cases/16_idle_wakeups_loop_load.py): an "idle" program whose loop
-wakes up ~200 times a second for one 5 ms poller; ticks, select calls, idle time, load."""
+wakes up ~200 times a second for one 5 ms poller; ticks, select calls, idle time, load.
+
+The program prints its poller's iterations and its own wall and CPU time: the counts and
+durations are checked against those (issue 7 item 15). How late the poller woke up on
+average (the printed period beyond the header's 5.6 ms) is time a loaded machine can have
+spent inside the loop's steps; the busy and load bounds allow that much, and no more."""
 from __future__ import annotations
 
 import re
@@ -8,7 +13,7 @@ import pytest
 
 import _harness as H
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 TOL = 0.020   # the header's +-20 ms (main's await at [A2]; used for the other ~1.0 s values too)
 # A timer wake-up takes two loop ticks: one runs the timer callback (which completes the
@@ -42,6 +47,19 @@ def printed_n(run) -> int:
     return int(m.group(1))
 
 
+def printed_wall(run) -> float:
+    m = re.search(r" wall=(\d+\.\d+) s ", run.stdout)
+    assert m, run.stdout
+    return float(m.group(1))
+
+
+def lateness(run) -> float:
+    """Seconds in all by which the poller's iterations took longer than the header's
+    5.6 ms each, by the program's own clock."""
+    n = printed_n(run)
+    return max(0.0, printed_wall(run) - n * 0.0056)
+
+
 def test_program_ran(run):
     H.check_ran(run, r"poller iterations=\d+ \(\d+/s\) wall=\d+\.\d{3} s cpu=\d+\.\d{3} s "
                      r"load~\d+\.\d%\n")
@@ -66,13 +84,16 @@ def test_poller(run):
     main, poller = tasks(run)
     assert poller["name"] == "Task-2"
     assert poller["steps"] == printed_n(run) + 1
-    H.within(poller["steps"], 180, 200, "poller steps over ~1 s")
-    assert poller["busy_s"] < 0.020, f"busy < 20 ms, got {poller['busy_s']:.4f}"
-    # One suspension per step except the last, ~1.0 s in all, ~5.0-5.6 ms each.
+    assert poller["busy_s"] < 0.020 + lateness(run), \
+        f"busy < 20 ms (+ {lateness(run):.4f} s of late wake-ups), got {poller['busy_s']:.4f}"
+    # One suspension per step except the last, the whole run in all, >= 5.0 ms each and
+    # no longer than the program's average iteration.
     [site] = poller["await_sites"]
     assert run.is_site(site, run.line("A1")) and site["count"] == poller["steps"] - 1, site
-    H.near(H.await_time(poller), 1.00, TOL, "poller: await at [A1]")
-    H.within(H.await_time(poller) / site["count"], 0.0050, 0.0056, "poller: one sleep(0.005)")
+    wall = printed_wall(run)
+    H.within(H.await_time(poller), wall - poller["busy_s"] - TOL, wall + 0.002, "poller: await at [A1]")
+    H.within(H.await_time(poller) / site["count"], 0.0050 - 0.0002, max(0.0056, wall / printed_n(run)) + 0.0002,
+             "poller: one sleep(0.005)")
 
 
 def test_main(run):
@@ -81,7 +102,7 @@ def test_main(run):
     [a2] = run.await_sites_at(main, run.line("A2"))
     [a3] = run.await_sites_at(main, run.line("A3"))
     assert a2["count"] == a3["count"] == 1
-    H.near(a2["idle_s"], 1.00, TOL, "main: await at [A2]")
+    H.within(a2["idle_s"], 1.00 - TOL, printed_wall(run) + 0.002, "main: await at [A2]")
     H.within(a3["idle_s"], 0.0, 0.006, "main: await at [A3]")
 
 
@@ -93,16 +114,18 @@ def test_loop(run):
     # ~360-400 ticks and as many select calls: two per poller wake-up. The range is two
     # ticks times 180-200 poller steps; the loop also runs ~10 ticks that are not poller
     # wake-ups (main's steps and wake-ups, asyncio.run's shutdown tasks), so on a quiet
-    # machine (~195 steps) the total is just over 400. The range is asserted on the
-    # poller's share, and the rest must stay that handful.
-    H.within(TICKS_PER_TIMER_WAKEUP * wakeups, 360, 400, "loop ticks of the poller's wake-ups")
+    # machine (~195 steps) the total is just over 400. The poller's wake-ups are the
+    # program's printed iterations (test_poller), and the rest must stay that handful.
     H.within(loop["ticks"] - TICKS_PER_TIMER_WAKEUP * wakeups, 0, 12,
              f"loop ticks besides two per poller wake-up ({loop['ticks']} in all)")
     assert loop["select_calls"] == loop["ticks"]
-    # select/idle time >= 95% of the run; load < 5% (1 - select wait / wall).
-    assert loop["select_wait_s"] >= 0.95 * loop["wall_s"], (loop["select_wait_s"], loop["wall_s"])
-    assert loop["utilization"] < 0.05, loop["utilization"]
-    H.near(loop["wall_s"], 1.00, TOL, "loop wall_s")
+    # select/idle time >= 95% of the run; load < 5% (1 - select wait / wall), each plus
+    # the late wake-ups the program saw (time a loaded machine kept the loop busy)
+    late = lateness(run) / loop["wall_s"]
+    assert loop["select_wait_s"] >= (0.95 - late) * loop["wall_s"], (loop["select_wait_s"], loop["wall_s"], late)
+    assert loop["utilization"] < 0.05 + late, (loop["utilization"], late)
+    wall = printed_wall(run)
+    H.within(loop["wall_s"], wall - 0.002, wall + 3 * TOL, f"loop wall_s (the program measured {wall:.3f} s)")
     # All wake-ups are timer-driven (no I/O) and resume the same task: one timer callback
     # (the sleep's _set_result_unless_cancelled) per poller suspension, plus main's sleep.
     assert loop["io_events"] == 0

@@ -8,7 +8,7 @@ import pytest
 
 import _harness as H
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.timing,
               pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup is new in 3.11")]
 
 TOL = 0.020   # the header's +-20 ms

@@ -1,0 +1,124 @@
+"""Run CPython's own test_asyncio with aioprof started in every process.
+
+    python tests/suites/run_stdlib.py [--interval MS] [--plain] [-- REGRTEST ARGS]
+
+`python -m test test_asyncio -j2` runs with tests/suites/site on PYTHONPATH, whose
+sitecustomize starts aioprof.Profiler in every process (the regrtest workers included)
+and records at exit that it ran (see site/sitecustomize.py). --interval MS turns
+sampling on (e.g. 1). The run passes when regrtest passes, every worker process ran
+under aioprof (a record per process, at least one with tasks) and no record has an aioprof
+warning.
+
+When tests fail under aioprof, those tests run again without aioprof: a test that fails
+there too is the interpreter's own failure (printed, not counted against aioprof); a test
+that passes without aioprof and fails with it fails the run. --plain runs the whole suite
+without aioprof only (the reference run). Exit status 0 on success, 1 on failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+
+def regrtest(tests: List[str], extra: List[str], record_dir: Optional[str],
+             interval_ms: float) -> Tuple[int, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONSAFEPATH", None)
+    path = [str(REPO / "src")] + [p for p in [env.get("PYTHONPATH")] if p]
+    if record_dir is not None:
+        path.insert(0, str(HERE / "site"))
+        env["AIOPROF_SUITE_DIR"] = record_dir
+        env["AIOPROF_SUITE_INTERVAL"] = repr(interval_ms / 1e3)
+    else:
+        env.pop("AIOPROF_SUITE_DIR", None)
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    cmd = [sys.executable, "-m", "test", "-j2", *extra, *tests]
+    print("run_stdlib:", "with aioprof" if record_dir is not None else "without aioprof",
+          f"(sampling every {interval_ms:g} ms)" if record_dir is not None and interval_ms else "",
+          " ".join(cmd[1:]), flush=True)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sys.stdout.write(p.stdout)
+    sys.stdout.flush()
+    return p.returncode, p.stdout
+
+
+def failed_tests(output: str) -> List[str]:
+    """The tests regrtest lists as failed (or in error) in its summary."""
+    names: List[str] = []
+    for m in re.finditer(r"^(?:\d+|One) tests? (?:failed|altered the execution environment"
+                         r"|crashed|had errors)[^:\n]*:\n((?:    .*\n?)+)", output, re.M):
+        names += m.group(1).split()
+    return sorted(set(names))
+
+
+def check_records(record_dir: str) -> List[str]:
+    problems = []
+    records = []
+    for f in sorted(Path(record_dir).glob("*.json")):
+        try:
+            records.append(json.loads(f.read_text()))
+        except ValueError as e:
+            problems.append(f"{f.name}: unreadable record ({e})")
+    workers = [r for r in records if re.search(r"libregrtest.worker|--worker-args", " ".join(r["argv"]))]
+    if not workers:
+        problems.append(f"no regrtest worker ran under aioprof ({len(records)} records)")
+    if not any(r["tasks"] for r in records):
+        problems.append("no process profiled a task")
+    for r in records:
+        if r["warnings"]:
+            problems.append(f"aioprof warnings in {r['argv']}: {r['warnings']}")
+    print(f"run_stdlib: {len(records)} processes ran under aioprof ({len(workers)} regrtest "
+          f"workers), {sum(r['tasks'] for r in records)} tasks in all", flush=True)
+    return problems
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--interval", type=float, default=0.0, metavar="MS",
+                    help="sampling interval in ms (0: no sampling)")
+    ap.add_argument("--plain", action="store_true", help="run without aioprof only")
+    ap.add_argument("--tests", nargs="+", default=["test_asyncio"], metavar="TEST")
+    ap.add_argument("regrtest_args", nargs="*", help="more arguments for `python -m test`")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    if args.plain:
+        rc, _ = regrtest(args.tests, args.regrtest_args, None, 0)
+        print(f"run_stdlib: without aioprof: exit {rc} in {time.monotonic() - t0:.0f} s")
+        return 0 if rc == 0 else 1
+    with tempfile.TemporaryDirectory(prefix="aioprof-suite-") as records:
+        rc, out = regrtest(args.tests, args.regrtest_args, records, args.interval)
+        problems = check_records(records)
+    if rc != 0:
+        failed = failed_tests(out)
+        if not failed:
+            problems.append(f"regrtest exited {rc} under aioprof without naming a failed test")
+        else:
+            prc, pout = regrtest(failed, args.regrtest_args, None, 0)
+            own = set(failed_tests(pout)) if prc != 0 else set()
+            if own:
+                print(f"run_stdlib: failing without aioprof too (the interpreter's own): "
+                      f"{' '.join(sorted(own))}")
+            ours = [t for t in failed if t not in own]
+            if ours:
+                problems.append(f"fail under aioprof only: {' '.join(ours)}")
+    took = time.monotonic() - t0
+    for p in problems:
+        print(f"run_stdlib: FAILED: {p}")
+    print(f"run_stdlib: {'FAILED' if problems else 'passed'} in {took:.0f} s "
+          f"(python {sys.version.split()[0]})", flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
