@@ -16,6 +16,7 @@ pyenv_python = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/b
 # tools/python's interpreters get their packages from their Debian root file system, not pip
 # (Debian's uvloop is built for 3.14 only: the uvloop tests skip on 3.15).
 sid_python = $(findstring tools/bin/,$(1))
+SID_TEST_CHECK = $(BUILD_CHECK); import pytest, hypothesis
 # PY=python3.12 means pyenv's 3.12 even where `pyenv global` puts no python3.12 on PATH.
 PYTHON = $(if $(filter python3.%,$(PY)),$(call pyenv_python,$(patsubst python%,%,$(PY))),$(PY))
 PY_VERSIONS ?= 3.10 3.11 3.12 3.13
@@ -33,7 +34,6 @@ TEST_DEPS := pytest hypothesis aiohttp uvloop
 # Checked first, so that `make deps` costs one import when everything is there.
 BUILD_CHECK := import setuptools, wheel; assert int(setuptools.__version__.split(".")[0]) >= 61
 TEST_CHECK := $(BUILD_CHECK); import pytest, hypothesis, aiohttp, uvloop
-SID_TEST_CHECK := $(BUILD_CHECK); import pytest, hypothesis
 
 # Extra arguments for every pytest run, e.g. `make test PYTEST_ARGS="-x -k hooks"`.
 PYTEST_ARGS ?=
