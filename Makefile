@@ -9,8 +9,14 @@ SHELL := /bin/bash
 
 PY ?= python3
 PYENV_ROOT ?= $(HOME)/.pyenv
-# The newest installed patch release of each minor version (pyenv), else pythonX.Y on PATH.
-pyenv_python = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python))),python$(1))
+# The newest installed patch release of each minor version (pyenv), else tools/bin/pythonX.Y
+# (tools/python: 3.14, 3.15, 3.14-dbg from Debian sid, see docs/interpreters.md), else
+# pythonX.Y on PATH.
+pyenv_python = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python))),$(wildcard tools/bin/python$(1)),python$(1))
+# tools/python's interpreters get their packages from their Debian root file system, not pip
+# (Debian's uvloop is built for 3.14 only: the uvloop tests skip on 3.15).
+sid_python = $(findstring tools/bin/,$(1))
+SID_TEST_CHECK = $(BUILD_CHECK); import pytest, hypothesis
 # PY=python3.12 means pyenv's 3.12 even where `pyenv global` puts no python3.12 on PATH.
 PYTHON = $(if $(filter python3.%,$(PY)),$(call pyenv_python,$(patsubst python%,%,$(PY))),$(PY))
 PY_VERSIONS ?= 3.10 3.11 3.12 3.13
@@ -83,10 +89,10 @@ help:
 # --- dependencies -----------------------------------------------------------------
 
 build-deps:
-	@$(PYTHON) -c '$(BUILD_CHECK)' 2>/dev/null || $(call PIP_INSTALL,$(PYTHON)) $(BUILD_DEPS)
+	@$(PYTHON) -c '$(BUILD_CHECK)' 2>/dev/null || $(if $(call sid_python,$(PYTHON)),$(PYTHON) -c '$(BUILD_CHECK)',$(call PIP_INSTALL,$(PYTHON)) $(BUILD_DEPS))
 
 deps:
-	@$(PYTHON) -c '$(TEST_CHECK)' 2>/dev/null || $(call PIP_INSTALL,$(PYTHON)) $(BUILD_DEPS) $(TEST_DEPS)
+	@$(PYTHON) -c '$(TEST_CHECK)' 2>/dev/null || $(if $(call sid_python,$(PYTHON)),$(PYTHON) -c '$(SID_TEST_CHECK)',$(call PIP_INSTALL,$(PYTHON)) $(BUILD_DEPS) $(TEST_DEPS))
 
 deps-all:
 	@set -e; for p in $(PYTHONS); do $(MAKE) --no-print-directory deps PY=$$p; done

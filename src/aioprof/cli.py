@@ -340,11 +340,16 @@ class _Program:
             code = compile(self.source, self.path, "exec", dont_inherit=True)
             main = types.ModuleType("__main__")
             main.__dict__.update(
-                __cached__=None, __file__=self.path,
+                __file__=self.path,
                 __loader__=importlib.machinery.SourceFileLoader("__main__", self.path))
+            if sys.version_info < (3, 15):   # (3.15 no longer sets __cached__)
+                main.__dict__["__cached__"] = None
         # The globals python gives __main__; a real module, so that pickle and
-        # multiprocessing find what the program defines.
-        main.__dict__.update(__annotations__={}, __builtins__=builtins)
+        # multiprocessing find what the program defines. (3.14 evaluates annotations
+        # lazily: no __annotations__ global, the code itself defines __annotate__.)
+        main.__dict__["__builtins__"] = builtins
+        if sys.version_info < (3, 14):
+            main.__dict__["__annotations__"] = {}
         sys.modules["__main__"] = main
         exec(code, main.__dict__)
 

@@ -136,6 +136,24 @@ def test_directory_and_zip_with_main(tmp_path, target):
     assert prof.stdout == plain.stdout
 
 
+def test_annotations_globals_as_python_gives_them(tmp_path):
+    # 3.10-3.13 give __main__ an __annotations__ dict; 3.14 evaluates annotations lazily
+    # (PEP 649): no such global, and the module's __annotations__ comes from __annotate__.
+    write(tmp_path / "plain.py", "print(sorted(globals()))\n")
+    write(tmp_path / "annotated.py", """\
+        import __main__
+        x: int = 1
+        def f(a: "str") -> None: pass
+        print(sorted(globals()), __main__.__annotations__, f.__annotations__)
+    """)
+    for name in ("plain.py", "annotated.py"):
+        plain = run([name], cwd=tmp_path)
+        prof = run([name], cwd=tmp_path, aioprof=["-o", str(tmp_path / "r.txt")])
+        assert plain.returncode == prof.returncode == 0, prof.stderr
+        assert prof.stdout == plain.stdout
+    assert b"{'x': <class 'int'>}" in prof.stdout
+
+
 def test_symlinked_script_path0_is_the_real_directory(tmp_path):
     write(tmp_path / "real" / "prog.py", "import sys; print(sys.path[0], __file__)\n")
     (tmp_path / "links").mkdir()

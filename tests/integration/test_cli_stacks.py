@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -113,7 +114,9 @@ def test_cpu_flame_splits_time_3_to_1(run_aioprof, tmp_path):
     for k in stacks:
         if "heavy" in k or "light" in k:
             assert k.startswith("[task main];main (split.py:")
-            assert k.endswith("burn (split.py:5)") or k.endswith("burn (split.py:4)"), k
+            # In burn's body: which line of `while ...: pass` a sample lands on differs
+            # between versions (5 up to 3.13; 3.14 puts the loop's back jump on 6).
+            assert re.search(r";burn \(split\.py:[456]\)$", k), k
 
 
 def test_call_tree_text_view(run_aioprof, tmp_path):
@@ -335,21 +338,24 @@ def test_trace_buffer_keeps_the_newest_events(run_aioprof, tmp_path):
     assert sum(1 for e in tr["traceEvents"] if e["ph"] == "X") <= 50
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--interval", "-1"], "argument --interval: invalid number >= 0 value: '-1'"),
-    (["--interval", "x"], "argument --interval: invalid number >= 0 value: 'x'"),
-    (["--trace-buffer", "0"], "argument --trace-buffer: invalid integer >= 1 value: '0'"),
-    (["--trace-buffer", "1.5"], "argument --trace-buffer: invalid integer >= 1 value: '1.5'"),
-    (["--flame", "gpu"], "argument --flame: invalid choice: 'gpu' (choose from 'cpu', 'idle', 'wall')"),
+@pytest.mark.parametrize("args, message", [   # (the message is a regular expression)
+    (["--interval", "-1"], re.escape("argument --interval: invalid number >= 0 value: '-1'")),
+    (["--interval", "x"], re.escape("argument --interval: invalid number >= 0 value: 'x'")),
+    (["--trace-buffer", "0"], re.escape("argument --trace-buffer: invalid integer >= 1 value: '0'")),
+    (["--trace-buffer", "1.5"],
+     re.escape("argument --trace-buffer: invalid integer >= 1 value: '1.5'")),
+    # The bad value and the choices; argparse 3.15+ adds its suggestion in between.
+    (["--flame", "gpu"], re.escape("argument --flame: invalid choice: 'gpu'")
+     + "(, maybe you meant 'cpu'\\?)?" + re.escape(" (choose from 'cpu', 'idle', 'wall')")),
     (["--format", "collapsed", "--interval", "0"],
-     "argument --flame: cpu needs samples, but --interval 0 turns sampling off"),
+     re.escape("argument --flame: cpu needs samples, but --interval 0 turns sampling off")),
 ])
 def test_bad_options_one_line_exit_2(run_aioprof, tmp_path, args, message):
     prog = write(tmp_path / "p.py", "print('ran')\n")
     proc = run_aioprof([*args, prog], cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr == f"aioprof: error: {message}\n"
+    assert re.fullmatch(f"aioprof: error: {message}\n", proc.stderr), proc.stderr
 
 
 def test_option_values_reach_the_program_untouched(run_aioprof, tmp_path):
