@@ -246,7 +246,6 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
         session_free(s);
         return NULL;
     }
-    ap_eager_watch_start(s);
     PyObject *sig_handler = PyObject_GetAttrString(module, "_sample_signal");
     int sampler = sig_handler ? ap_sampler_start(s, sig_handler) : -1;
     Py_XDECREF(sig_handler);
@@ -256,6 +255,7 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
         session_free(s);
         return NULL;
     }
+    ap_eager_watch_start(s);
     Py_RETURN_NONE;
 }
 
