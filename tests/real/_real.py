@@ -151,10 +151,11 @@ class Run:
         return out
 
     def innermost_at(self, tag: str) -> List[dict]:
-        """await_sites entries (over all tasks) whose await site is the [tag] line."""
+        """await_sites entries (over all tasks) whose await site in the program's own code
+        (`user_site`: the innermost line outside libraries, docs/json.md) is the [tag] line."""
         line = self.line(tag)
         return [a for t in self.user_tasks() for a in t["await_sites"]
-                if self.is_program(a["file"]) and a["line"] == line]
+                if a["user_site"] and self.is_program(a["user_site"]["file"]) and a["user_site"]["line"] == line]
 
     def site(self, tag: str) -> dict:
         line = self.line(tag)

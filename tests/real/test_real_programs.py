@@ -28,15 +28,8 @@ PROGRAMS = {
 }
 
 # (program, test) -> (condition, reason): the known gaps, as strict xfails.
-ITEM1 = (PY312, "issue 7 item 1: eager-started tasks (aiohttp's handlers on 3.12+) lose their first wait")
-ITEM9 = (True, "issue 7 item 9: a library frame is named as the await site, not the user's line")
 ITEM17 = (True, "issue 7 item 17: nest_asyncio's nested runs: the tasks run inside get no steps")
 XFAIL = {
-    ("aiohttp", "idle"): ITEM1, ("aiohttp", "await_site"): ITEM1,
-    ("aiohttp", "busy"): ITEM1,
-    ("aiohttp-uvloop", "idle"): ITEM1, ("aiohttp-uvloop", "await_site"): ITEM1,
-    ("aiohttp-uvloop", "busy"): ITEM1,
-    ("sqlalchemy", "await_site"): ITEM9, ("asyncpg", "await_site"): ITEM9, ("anyio", "await_site"): ITEM9,
     ("anyio", "created_at"): (True, "issue 7 (items 8, 19): the creation site of anyio's TaskGroup.start_soon "
                                     "tasks is anyio's line, not the user's start_soon line"),
     ("nest_asyncio", "idle"): ITEM17, ("nest_asyncio", "await_site"): ITEM17,

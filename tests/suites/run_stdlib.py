@@ -39,7 +39,7 @@ def regrtest(tests: List[str], extra: List[str], record_dir: Optional[str],
     if record_dir is not None:
         path.insert(0, str(HERE / "site"))
         env["AIOPROF_SUITE_DIR"] = record_dir
-        env["AIOPROF_SUITE_INTERVAL"] = repr(interval_ms / 1e3)
+        env["AIOPROF_SUITE_INTERVAL"] = repr(interval_ms)
     else:
         env.pop("AIOPROF_SUITE_DIR", None)
     env["PYTHONPATH"] = os.pathsep.join(path)

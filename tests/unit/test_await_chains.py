@@ -90,7 +90,7 @@ async def main(adv):
 
 
 def test_waits_inside_other_awaitables_are_at_the_programs_line(fake_clock):
-    with aioprof.Profiler(cpu_window=1e-9) as p:
+    with aioprof.Profiler(cpu_window_ms=1e-6) as p:
         asyncio.run(main(fake_clock))
     doc = p.stats()
     assert doc["warnings"] == []

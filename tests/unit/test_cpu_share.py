@@ -60,7 +60,7 @@ def run_plan(task_plans, cb_plans, select_plan, window):
 
     _core.set_fake_clock(True)
     try:
-        with aioprof.Profiler(cpu_window=window) as p:
+        with aioprof.Profiler(cpu_window_ms=window * 1e3) as p:
             asyncio.run(main())
     finally:
         _core.set_fake_clock(False)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.sanitize,
 
 
 def profile(fn):
-    with aioprof.Profiler(cpu_window=1e-9, slow_ms=4) as p:   # CPU read at every handle
+    with aioprof.Profiler(cpu_window_ms=1e-6, slow_ms=4) as p:   # CPU read at every handle
         fn()
     doc = p.stats()
     assert doc["warnings"] == []

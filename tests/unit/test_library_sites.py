@@ -78,7 +78,7 @@ async def main(lib, adv):
 
 
 def test_library_waits_at_the_programs_line(fake_clock, fakelib):
-    with aioprof.Profiler(cpu_window=1e-9) as p:
+    with aioprof.Profiler(cpu_window_ms=1e-6) as p:
         asyncio.run(main(fakelib, fake_clock))
     doc = p.stats()
     assert doc["warnings"] == []

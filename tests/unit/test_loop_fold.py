@@ -35,7 +35,7 @@ def test_folded_totals_exact(fake_clock):
     async def work(i):
         fake_clock(i * MS, 0)
 
-    with aioprof.Profiler(slow_ms=10, cpu_window=1e-9) as p:
+    with aioprof.Profiler(slow_ms=10, cpu_window_ms=1e-6) as p:
         for i in range(1, 21):
             asyncio.run(work(i))
     doc = p.stats()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.sanitize
 
 
 def profile(fn):
-    with aioprof.Profiler(cpu_window=1e-9) as p:
+    with aioprof.Profiler(cpu_window_ms=1e-6) as p:
         result = fn()
     return result, p.stats()
 

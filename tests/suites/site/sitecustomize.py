@@ -17,7 +17,7 @@ if _dir:
     def _start():
         import aioprof
 
-        p = aioprof.Profiler(interval=float(os.environ.get("AIOPROF_SUITE_INTERVAL") or 0))
+        p = aioprof.Profiler(interval_ms=float(os.environ.get("AIOPROF_SUITE_INTERVAL") or 0))
 
         def _write():  # registered before start(): runs after the profiler's own stop()
             p.stop()
