@@ -31,7 +31,7 @@ if HERE not in sys.path:
 import workloads  # noqa: E402
 
 VARIANTS = ("none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer",
-            "aioprof-nosample", "aioprof-sample", "aioprof-trace", "monitor")
+            "aioprof-nosample", "aioprof-nowatch", "aioprof-sample", "aioprof-trace", "monitor")
 
 # Ring-buffer size for viztracer: large enough that no workload here wraps it.
 VIZTRACER_ENTRIES = 10_000_000
@@ -63,12 +63,17 @@ def make_variant(name: str) -> Hooks:
         # p.stop() also assembles the final document; it runs after the clock stops.
         return p.start, p.stop, report
 
-    if name in ("aioprof-nosample", "aioprof-sample", "aioprof-trace"):
-        # aioprof without its sampler (interval 0), with a 1 ms sampler, and recording
-        # the trace (no sampler): what sampling and trace recording cost.
+    if name in ("aioprof-nosample", "aioprof-nowatch", "aioprof-sample", "aioprof-trace"):
+        # aioprof without its sampler (interval 0), also without the watchdog thread
+        # (AIOPROF_WATCHDOG=0), with a 1 ms sampler, and recording the trace (no sampler):
+        # what sampling, the watchdog and trace recording cost.
         import aioprof
 
+        if name == "aioprof-nowatch":
+            os.environ["AIOPROF_WATCHDOG"] = "0"
+
         p = {"aioprof-nosample": lambda: aioprof.Profiler(interval_ms=0),
+             "aioprof-nowatch": lambda: aioprof.Profiler(interval_ms=0),
              "aioprof-sample": lambda: aioprof.Profiler(interval_ms=1),
              "aioprof-trace": lambda: aioprof.Profiler(interval_ms=0, trace=True)}[name]()
 

@@ -46,11 +46,12 @@ import workloads as _workloads  # noqa: E402
 
 ALL_WORKLOADS = list(_workloads.WORKLOADS)  # switch, chain, echo, mixed, aiohttp
 ALL_VARIANTS = ["none", "aioprof", "cprofile", "yappi", "pyinstrument", "viztracer",
-                "aioprof-nosample", "aioprof-sample", "aioprof-trace", "monitor"]
+                "aioprof-nosample", "aioprof-nowatch", "aioprof-sample", "aioprof-trace", "monitor"]
 PEERS = ["cprofile", "yappi", "pyinstrument", "viztracer"]
 LABELS = {"none": "none", "aioprof": "aioprof", "cprofile": "cProfile",
           "yappi": "yappi (wall)", "pyinstrument": "pyinstrument", "viztracer": "viztracer",
-          "aioprof-nosample": "aioprof, no sampling", "aioprof-sample": "aioprof, 1 ms sampling",
+          "aioprof-nosample": "aioprof, no sampling",
+          "aioprof-nowatch": "aioprof, no sampling, no watchdog", "aioprof-sample": "aioprof, 1 ms sampling",
           "aioprof-trace": "aioprof + trace",
           "monitor": "LoopMonitor only"}
 # Module each variant needs (checked in the target interpreter before running).
@@ -62,6 +63,7 @@ TARGETS = {"switch": 1.15, "echo": 1.05}
 # What a feature adds, for --targets: (variant, against, workloads (None: all), limit) as
 # the ratio of the two variants' median ratios to `none`.
 ADDED_COST = [("aioprof-sample", "aioprof-nosample", None, 1.05),   # sampling at 1 ms
+              ("aioprof-nosample", "aioprof-nowatch", None, 1.02),  # the watchdog (default)
               ("aioprof-trace", "aioprof-nosample", ["switch"], 1.25),
               ("monitor", "none", ["echo"], 1.03)]
 AIOPROF_SMOKE = "import aioprof; aioprof.Profiler().start().stop()"

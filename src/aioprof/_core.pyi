@@ -15,7 +15,9 @@ def start(max_tasks: int, cpu_window_ns: int, slow_ns: int, interval_ns: int = .
 
     max_tasks >= 0: per-task records kept (the rest are folded and counted as dropped).
     cpu_window_ns > 0: the CPU clock is read at most once per window per thread.
-    slow_ns >= 0: steps, callbacks and ticks at least this long are slow.
+    slow_ns >= 0: steps, callbacks and ticks at least this long are slow; with
+        interval_ns 0 and slow_ns > 0 a watchdog thread captures where each step is once
+        it runs past slow_ns (slow_steps[*].blocked_at; off with AIOPROF_WATCHDOG=0).
     interval_ns >= 0: sampling interval of the sampler thread (0: no sampling).
     async_stacks: charge idle time to async call stacks (docs/stacks.md).
     trace_events in [0, 1e8]: size of the trace ring (0: no trace).

@@ -106,17 +106,21 @@ def test_cpu_flame_splits_time_3_to_1(run_aioprof, tmp_path):
     # at the end of the burn (a tail no later sample carries), or the steps after it
     # can be stretched.
     assert burned - 0.05 <= total <= burned * 1.05 + 0.05, (total, burned, stacks)
-    heavy = sum(v for k, v in stacks.items() if "heavy (split.py:9)" in k)
-    light = sum(v for k, v in stacks.items() if "light (split.py:12)" in k)
-    assert heavy + light >= 0.9 * sum(stacks.values())
+    # By function: a loaded machine can put a sample on a function's first line (its
+    # def line on 3.11+, before the call to burn) or outside burn's loop; most must be
+    # in the loop, under heavy's and light's call lines, and the share must hold.
+    heavy = sum(v for k, v in stacks.items() if ";heavy (split.py:" in k)
+    light = sum(v for k, v in stacks.items() if ";light (split.py:" in k)
+    assert heavy + light >= 0.9 * sum(stacks.values()), stacks
     share = heavy / (heavy + light)
     assert abs(share - 0.75) <= 0.10, (share, stacks)
-    for k in stacks:
-        if "heavy" in k or "light" in k:
-            assert k.startswith("[task main];main (split.py:")
-            # In burn's body: which line of `while ...: pass` a sample lands on differs
-            # between versions (5 up to 3.13; 3.14 puts the loop's back jump on 6).
-            assert re.search(r";burn \(split\.py:[456]\)$", k), k
+    # In burn's body: which line of `while ...: pass` a sample lands on differs between
+    # versions (5 up to 3.13; 3.14 puts the loop's back jump on 6).
+    in_loop = sum(v for k, v in stacks.items()
+                  if k.startswith("[task main];main (split.py:")
+                  and (";heavy (split.py:9);" in k or ";light (split.py:12);" in k)
+                  and re.search(r";burn \(split\.py:[456]\)$", k))
+    assert in_loop >= 0.95 * (heavy + light), stacks
 
 
 def test_call_tree_text_view(run_aioprof, tmp_path):
@@ -227,6 +231,91 @@ def test_blocking_stack_of_a_slow_step_in_the_text_report(run_aioprof, tmp_path)
     assert lines[i + 1].endswith("in [task block]")
     # The blocked time is sampled too, charged to the line that blocks.
     assert any(s.strip().endswith(f"block (blocking.py:{line})") for s in lines[:i])
+
+
+WATCHDOG = """\
+    import asyncio, time
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    async def block():
+        time.sleep(0.3)  # [sleep] past --slow-ms (100 ms) with room for a busy machine
+        await asyncio.sleep(0.01)  # [await]
+
+    async def spin():
+        burn(0.3)  # [burn]
+        await asyncio.sleep(0.01)  # [await2]
+
+    async def main():
+        await asyncio.create_task(block())
+        await asyncio.create_task(spin())
+
+    asyncio.run(main())
+"""
+
+
+def test_slow_steps_name_their_blocking_line_without_sampling(run_aioprof, tmp_path):
+    """No sampling option: the watchdog (on for steps past --slow-ms) captures where each
+    slow step is once it passes the threshold: the time.sleep line (blocked in C, GIL
+    released) and the burn loop (pure Python); the await each step ended at is reported
+    apart. The text report lists them with both lines, labelled."""
+    prog = write(tmp_path / "wd.py", WATCHDOG)
+    sleep, await1, await2 = (line_of(prog, m) for m in ("[sleep]", "[await]", "[await2]"))
+    burn_lines = {line_of(prog, "end = time.perf_counter() + seconds") + 1,
+                  line_of(prog, "end = time.perf_counter() + seconds") + 2}
+    doc = json.loads(profile(run_aioprof, tmp_path, ["--format", "json"], prog))
+    assert "samples" not in doc   # sampling stayed off
+    [loop] = doc["loops"]
+    steps = {r["coroutine"]: r for r in loop["slow_steps"] if r["kind"] == "step"}
+    assert set(steps) == {"block", "spin"}, loop["slow_steps"]
+    b, s = steps["block"], steps["spin"]
+    assert (b["blocked_at"]["line"], b["blocked_at"]["function"]) == (sleep, "block"), b
+    assert (b["step_end"]["line"], b["step_end"]["function"]) == (await1, "block"), b
+    assert b["blocked_at"]["file"] == b["step_end"]["file"] == str(prog)
+    assert s["blocked_at"]["function"] == "burn" and s["blocked_at"]["line"] in burn_lines, s
+    assert s["step_end"]["line"] == await2, s
+    from aioprof.report import text
+    report = text.render(doc, width=200)
+    [line] = [x for x in report.splitlines() if "block (task" in x]
+    assert f"blocked at wd.py:{sleep} (block) \u00b7 then awaited at wd.py:{await1}" in line, line
+
+
+FORKS = """\
+    import asyncio, os, time
+
+    async def main():
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            time.sleep(0.3)  # [sleep] a slow step (past 100 ms with room to spare), after the fork
+            await asyncio.sleep(0.01)
+        print("ok")
+
+    asyncio.run(main())
+"""
+
+
+def test_the_watchdog_leaves_before_a_fork_and_comes_back(run_aioprof, tmp_path):
+    """On 3.12+ os.fork() warns (DeprecationWarning, shown for __main__'s code) when the
+    process has other threads: the watchdog, on by default, leaves before each fork and
+    comes back after it, so the program's stderr is as without aioprof, and the slow
+    step after each fork still gets its blocking line."""
+    prog = write(tmp_path / "forks.py", FORKS)
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=60)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (0, "ok\n", "")
+    out = tmp_path / "out.json"
+    proc = run_aioprof(["--format", "json", "-o", out, prog], cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", "")
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    steps = [r for r in doc["loops"][0]["slow_steps"] if r["kind"] == "step"]
+    assert len(steps) == 3, steps
+    assert [r["blocked_at"]["line"] for r in steps] == [line_of(prog, "[sleep]")] * 3, steps
 
 
 TRACE_PROGRAM = """\
@@ -377,14 +466,22 @@ BURN = """\
 
 ALTERNATE = BURN + """\
 
+    spent = {"A": 0.0, "B": 0.0}   # the time at each line, as the program measures it
+
     async def work():
         for _ in range(15):
+            t0 = time.perf_counter()
             burn(0.010)  # [A]
+            t1 = time.perf_counter()
             burn(0.010)  # [B]
+            t2 = time.perf_counter()
+            spent["A"] += t1 - t0
+            spent["B"] += t2 - t1
             await asyncio.sleep(0)
 
     async def main():
         await asyncio.gather(work(), work())
+        print(spent["A"], spent["B"])
 
     asyncio.run(main())
 """
@@ -397,13 +494,34 @@ def test_samples_follow_a_line_change_within_a_step(run_aioprof, tmp_path):
     (docs/stacks.md)."""
     prog = write(tmp_path / "alternate.py", ALTERNATE)
     a, b = line_of(prog, "[A]"), line_of(prog, "[B]")
-    stacks = folded(profile(run_aioprof, tmp_path, ["--format", "collapsed", "--flame", "cpu"], prog))
-    at_a = sum(v for k, v in stacks.items() if f"work (alternate.py:{a});" in k)
-    at_b = sum(v for k, v in stacks.items() if f"work (alternate.py:{b});" in k)
-    assert at_a + at_b >= 0.5e6, stacks   # 2 x 15 x 20 ms = 0.6 s of burning
-    share = at_a / (at_a + at_b)
-    limit = 0.15 if SANITIZER else 0.05
-    assert abs(share - 0.5) <= limit, (share, at_a, at_b)
+    out = tmp_path / "out.json"
+    proc = run_aioprof(["--format", "json", "--interval", "1", "-o", out, prog], cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    spent_a, spent_b = map(float, proc.stdout.split())   # a busy machine stretches either
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    from aioprof.report import collapsed
+    texts = collapsed.frame_texts(doc)
+    at = {a: [0, 0.0], b: [0, 0.0]}   # line: [samples, seconds]
+    for entry in doc["samples"]["stacks"]:
+        stack = ";".join(collapsed.stack_texts(entry["stack"], texts))
+        for line in (a, b):
+            if f"work (alternate.py:{line});" in stack:
+                at[line][0] += entry["samples"]
+                at[line][1] += entry["time_s"]
+    n = at[a][0] + at[b][0]
+    assert at[a][1] + at[b][1] >= 0.8 * (spent_a + spent_b), (at, spent_a, spent_b)
+    share = at[a][1] / (at[a][1] + at[b][1])
+    # Against the program's own split (0.5 on a quiet machine), within three standard
+    # errors of a share estimated from n samples (0.5 / sqrt(n) each): a loaded machine
+    # that keeps the sampler off the CPU gives fewer samples and a wider, still honest
+    # bound; with the ~600 samples of a quiet machine it is about 0.06. Plus the share
+    # of the time the program was stalled beyond its 0.6 s of burning: a stall at a line
+    # change (the burn then overshoots) falls between two samples, and no sampler can
+    # tell on which side.
+    stalled = max(0.0, spent_a + spent_b - 0.6) / (spent_a + spent_b)
+    limit = max(0.15 if SANITIZER else 0.05, 1.5 / n ** 0.5) + stalled
+    expected = spent_a / (spent_a + spent_b)
+    assert abs(share - expected) <= limit, (share, expected, n, stalled, at)
 
 
 SIGNALS_AND_READS = """\
@@ -482,7 +600,7 @@ TAKES_SIGNALS = """\
             sum(range(100))
 
     async def main():
-        burn(0.05)   # sampled through aioprof's signal on 3.10-3.12
+        burn(0.2)    # sampled through aioprof's signal on 3.10-3.12
         for s in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
             signal.signal(s, signal.SIG_DFL if sys.argv[1] == "default" else lambda n, f: got.append(n))
         burn(0.2)    # a signal now would end the process, or reach the program's handler
@@ -500,11 +618,78 @@ def test_program_that_takes_the_sampling_signal_over(run_aioprof, tmp_path, how)
     prog = write(tmp_path / "takes.py", TAKES_SIGNALS)
     out = tmp_path / "out.txt"
     proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog, how], cwd=tmp_path)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 0\n", "")
-    # The 50 ms before were sampled. After, on 3.10-3.12, only what a pending call can reach
+    assert (proc.returncode, proc.stdout) == (0, "ok 0\n") and stderr_ok(proc.stderr, True), proc.stderr
+    # The 200 ms before were sampled (half of it is enough: a loaded machine can keep the
+    # sampler off the CPU). After, on 3.10-3.12, only what a pending call can reach
     # (docs/stacks.md): not this pure-Python burn; 3.13+ needs no signal at all.
     sampled = sum(folded(out.read_text(encoding="utf-8")).values())
-    assert sampled >= (0.2e6 if sys.version_info >= (3, 13) else 0.04e6), sampled
+    assert sampled >= (0.2e6 if sys.version_info >= (3, 13) else 0.1e6), sampled
+
+
+TOOK_OVER = ("RuntimeWarning: aioprof: the program took over the real-time signals aioprof "
+             "can sample the main thread with (SIGRTMAX-2 ... SIGRTMAX-6)")
+
+
+def stderr_ok(stderr: str, all_taken: bool) -> bool:
+    """The program's stderr is untouched, except (3.10-3.12) one warning, once, when it
+    took every signal aioprof could sample the main thread with."""
+    if not all_taken or sys.version_info >= (3, 13):
+        return stderr == ""
+    return stderr.count("RuntimeWarning") == 1 and TOOK_OVER in stderr.splitlines()[0]
+
+
+TAKES_OURS = """\
+    import asyncio, signal, sys, time
+    from aioprof import _core
+
+    got = []
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sum(range(100))  # [burn]
+
+    async def main():
+        burn(0.01)
+        for _ in range(int(sys.argv[1])):   # the signal aioprof uses now, once or five times
+            [ours] = [s for s in range(1, signal.NSIG) if signal.getsignal(s) is _core._sample_signal
+                      and s not in got]
+            signal.signal(ours, lambda n, f: got.append(n))
+            got.append(ours)
+        t0 = time.perf_counter()
+        burn(0.3)
+        print(time.perf_counter() - t0, len(got))
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13+ samples with no signal")
+def test_a_program_handler_on_the_sampling_signal_moves_sampling_to_another(run_aioprof, tmp_path):
+    """The program sets its own handler on the real-time signal aioprof samples with: the
+    sampler moves to another free one (SIGRTMAX-2 ... SIGRTMAX-6), so the pure-Python burn
+    after it is still sampled, and the program's handler gets no signal. Taking all five
+    over leaves none: the report says so once."""
+    prog = write(tmp_path / "ours.py", TAKES_OURS)
+    burn = line_of(prog, "[burn]")
+    from aioprof.report import collapsed
+    for n in (1, 5):
+        out = tmp_path / f"out{n}.json"
+        proc = run_aioprof(["--format", "json", "--interval", "1", "-o", out, prog, str(n)], cwd=tmp_path)
+        assert proc.returncode == 0 and stderr_ok(proc.stderr, n == 5), proc.stderr
+        burned, handled = proc.stdout.split()
+        assert int(handled) == n, proc.stdout   # the program's handler got no signal
+        doc = json.loads(out.read_text(encoding="utf-8"))
+        cpu = collapsed.stack_values(doc, "cpu")
+        in_burn = sum(v for k, v in cpu.items() if k[-1] == f"burn (ours.py:{burn})") / 1e6
+        warned = [w for w in doc["warnings"] if "took over the real-time signal" in w]
+        if n == 1:
+            # Half the burn is enough (a busy machine can keep the sampler off the CPU);
+            # unsampled, the burn would get nothing (pending calls wait for its end).
+            assert in_burn >= 0.5 * float(burned), (in_burn, burned)
+            assert warned == [], doc["warnings"]
+        else:
+            assert len(warned) == 1, doc["warnings"]
 
 
 TAKEOVER_STORM = """\
@@ -547,17 +732,18 @@ def test_taking_the_signal_over_never_meets_a_signal_in_flight(tmp_path, how):
     prog = write(tmp_path / "storm.py", TAKEOVER_STORM)
     proc = subprocess.run([sys.executable, str(prog), how, "200"], capture_output=True,
                           text=True, env=python_env(), timeout=120)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 0\n", "")
+    assert (proc.returncode, proc.stdout) == (0, "ok 0\n") and stderr_ok(proc.stderr, True), proc.stderr
 
 
 PAUSE = """\
-    import asyncio, signal
+    import asyncio, signal, time
 
     async def main():
         signal.signal(signal.SIGALRM, lambda s, f: print("alarm"))
         signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.perf_counter()
         signal.pause()  # [pause] returns after the first handled signal
-        print("after pause")
+        print("after pause", time.perf_counter() - t0)
 
     asyncio.run(main())
 """
@@ -570,12 +756,14 @@ def test_signal_pause_in_a_step_is_not_woken_by_the_sampler(run_aioprof, tmp_pat
     prog = write(tmp_path / "pause.py", PAUSE)
     out = tmp_path / "out.txt"
     proc = run_aioprof(["--format", "collapsed", "--flame", "cpu", "-o", out, prog], cwd=tmp_path)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "alarm\nafter pause\n", "")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("alarm\nafter pause "), proc.stdout
+    paused = float(proc.stdout.split()[-1])   # as the program measured it (0.3 s, more when busy)
     line = line_of(prog, "[pause]")
     stacks = folded(out.read_text(encoding="utf-8"))
     # Under the pause line: there, or in the SIGALRM handler Python runs on its return.
     at_pause = sum(v for k, v in stacks.items() if f";main (pause.py:{line})" in k)
-    assert abs(at_pause / 1e6 - 0.3) <= 0.03, stacks
+    assert paused - 0.01 <= at_pause / 1e6 <= paused + 0.03, (paused, stacks)
 
 
 SIGNAL_PRELUDE = """\
@@ -683,7 +871,7 @@ def test_a_failed_change_of_the_signal_keeps_it_in_use(run_aioprof, tmp_path):
     burn = line_of(prog, "[burn]")
     stacks = folded(out.read_text(encoding="utf-8"))
     in_burn = sum(v for k, v in stacks.items() if f"(guard.py:{burn})" in k)
-    assert in_burn >= 0.15e6, stacks
+    assert in_burn >= 0.1e6, stacks   # of 0.2 s: the sampler may be kept off a busy CPU
 
 
 ASYNC_GEN = """\

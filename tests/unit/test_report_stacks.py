@@ -375,7 +375,8 @@ def tree_rows(out: str):
 
 def test_call_tree_numbers_exact(doc):
     out = text.render(doc, by="stack", width=120)
-    assert "Sampled on-loop time by call stack: 1005 samples, every 1.0 ms, 1000.0 ms" in out
+    assert ("Sampled on-loop time by call stack: 1000.0 ms in 1005 samples, one per 1.0 ms on "
+            "average, asked every 1.0 ms\n") in out
     assert tree_rows(out) == [
         ("995.0", "99.5%", "0.0", 0, "[task main]"),
         ("995.0", "99.5%", "0.0", 1, "main (app.py:30)"),
@@ -389,6 +390,18 @@ def test_call_tree_numbers_exact(doc):
     # [callback on_timer] (0.5%) and odd name (0.0%) are below 1%.
     assert "(2 nodes below 1% of the sampled time left out)" in out
     assert "on_timer" not in out.split("call stack", 1)[1].split("\n\n")[0]
+
+
+def test_call_tree_header_says_the_real_count_and_spacing(doc):
+    """64 samples over 306 ms asked every 1 ms: the header gives the samples there are and
+    their mean spacing (4.8 ms), never the interval asked as if it were what happened;
+    on-loop time that no sample saw (samples.uncharged_s) is said too."""
+    doc["samples"] = {"interval_s": 0.001, "count": 64, "uncharged_s": 0.012, "stacks": [
+        {"stack": [0, 1, 2], "samples": 64, "time_s": 0.306}]}
+    out = text.render(doc, by="stack", width=160)
+    assert ("Sampled on-loop time by call stack: 306.0 ms in 64 samples, one per 4.8 ms on "
+            "average, asked every 1.0 ms, 12.0 ms no sample saw\n") in out
+    assert "every 1.0 ms," not in out.replace("asked every 1.0 ms,", "")
 
 
 def test_call_tree_limit_children_per_node(doc):

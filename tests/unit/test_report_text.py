@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from typing import List, Optional
 
@@ -199,7 +200,8 @@ def test_await_sites_of_top_coroutines(doc):
     out = text.render(doc, width=120)
     lines = out.splitlines()
     start = lines.index("Where the top coroutines wait (await sites of their recorded tasks)")
-    assert lines[start + 1:start + 7] == [
+    assert lines[start + 1:start + 8] == [
+        "(idle: task time, summed over the tasks; it can exceed the wall time)",
         "  crunch  (app.py:50)",
         "        100.0 ms idle        5x  app.py:55",
         "  poller  (app.py:24)",
@@ -277,23 +279,75 @@ def make_loop(**extra) -> dict:
 
 
 def test_loop_section(doc):
+    """Slow steps come before slow ticks; a step's line says where it was resumed, where
+    it blocked (the watchdog's capture) and, labelled apart, the await it ended at."""
     step = {"kind": "step", "duration_s": 0.101, "at_s": 0.25, "task": 3, "coroutine": "crunch",
             "callback": None, "step_start": {"file": APP, "line": 50, "function": "crunch"},
-            "step_end": {"file": APP, "line": 55, "function": "crunch"}, "handles": 0}
+            "step_end": {"file": APP, "line": 55, "function": "crunch"},
+            "blocked_at": {"file": APP, "line": 52, "function": "parse"}, "handles": 0}
     tick = {"kind": "tick", "duration_s": 0.102, "at_s": 0.25, "task": None, "coroutine": None,
-            "callback": None, "step_start": None, "step_end": None, "handles": 2}
-    doc["loops"] = [make_loop(slow_steps=[tick, step], slow_total=2)]
-    out = text.render(doc, width=120)
+            "callback": None, "step_start": None, "step_end": None, "blocked_at": None, "handles": 2}
+    cb = {"kind": "callback", "duration_s": 0.1005, "at_s": 0.5, "task": None, "coroutine": None,
+          "callback": "on_timer", "step_start": None, "step_end": None,
+          "blocked_at": {"file": APP, "line": 70, "function": "on_timer"}, "handles": 0}
+    doc["loops"] = [make_loop(slow_steps=[tick, step, cb], slow_total=3)]
+    out = text.render(doc, width=140)
     assert out[out.index("Event loops"):] == (
         "Event loops\n"
         "  loop 1 (_UnixSelectorEventLoop), thread 4242\n"
         "      utilization 5.4%, load 4.1%, wall 1.010 s, ticks 380, handles 400, max handles/tick 10\n"
         "      select wait 955.0 ms in 380 calls, io events 2\n"
-        "      lag p50 0.1 ms p99 1.2 ms max 5.1 ms, timer lag p99 1.1 ms max 2.0 ms,\n"
-        "      tick busy p50 0.1 ms p99 100.0 ms max 101.0 ms\n"
-        "      slow steps 2; the longest:\n"
-        "            102.0 ms  tick of 2 handles  at 0.250 s\n"
-        "            101.0 ms  crunch (task 3)  app.py:50 -> app.py:55  at 0.250 s\n")
+        "      lag p50 0.1 ms p99 1.2 ms max 5.1 ms, timer lag p99 1.1 ms max 2.0 ms, tick busy p50 0.1 ms p99 100.0 ms"
+        " max 101.0 ms\n"
+        "      slow steps 3; the longest:\n"
+        "            101.0 ms  crunch (task 3)  resumed at app.py:50 \u00b7 blocked at app.py:52 (parse)"
+        " \u00b7 then awaited at app.py:55  at 0.250 s\n"
+        "            100.5 ms  on_timer  blocked at app.py:70 (on_timer)  at 0.500 s\n"
+        "            102.0 ms  tick of 2 handles  at 0.250 s\n")
+    # A stream that cannot take U+2026 gets "; " between the parts.
+    plain = text.render(doc, width=140, ellipsis="...")
+    assert "blocked at app.py:52 (parse); then awaited at app.py:55  at" in plain
+
+
+def test_wide_characters_keep_the_columns_aligned():
+    """Task and file names in East Asian wide characters take two columns each: the
+    columns after them stay aligned, and a name cut to fit is cut by display width."""
+    tasks = [make_task(1, "処理する", busy=0.5), make_task(2, "abc", busy=0.25)]
+    out = text.render(make_doc(tasks), width=80)
+    rows = table(out, "Coroutines")
+    header, *body = rows[:3]
+    col = text._width(header[: header.index("busy ms") + len("busy ms")])
+    assert len(body) == 2
+    for row in body:
+        busy = row.split()[3]   # the busy ms cell, right-aligned under its header
+        assert text._width(row[: row.index(busy) + len(busy)]) == col, rows
+    assert text._width("処理する") == 8 and text._pad("処", 4) == "処  "
+    assert text._cut_left("ab処理する", 7, "\u2026") == "\u2026理する"
+    assert text._cut("処理する", 6, "...") == "処..."
+
+
+def test_a_report_to_a_file_or_pipe_has_whole_rows(doc, monkeypatch, tmp_path):
+    """Only a terminal gets a width-fitted report: to a file or a pipe, no column is
+    left out and no name shortened (COLUMNS, when set, still gives the width)."""
+    from aioprof import report
+    long = "a_very_long_coroutine_name_" * 6
+    doc["tasks"].append(make_task(99, long, busy=0.9))
+    doc["coroutines"] = [coroutine_of(t) for t in doc["tasks"]]
+    monkeypatch.delenv("COLUMNS", raising=False)
+    path = tmp_path / "out.txt"
+    with open(path, "w", encoding="utf-8") as f:
+        report.write(doc, file=f)
+    written = path.read_text(encoding="utf-8")
+    assert long in written and "left out to fit" not in written and "\u2026" not in written
+    r, w = os.pipe()
+    with os.fdopen(w, "w", encoding="utf-8") as pipe:
+        report.write(doc, file=pipe)
+    with os.fdopen(r, encoding="utf-8") as f:
+        assert f.read() == written
+    monkeypatch.setenv("COLUMNS", "80")
+    with open(path, "w", encoding="utf-8") as f:
+        report.write(doc, file=f)
+    assert long not in path.read_text(encoding="utf-8")
 
 
 def test_loop_section_tolerates_missing_keys(doc):

@@ -352,7 +352,8 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
         /* Read what a slow-step record needs first: a finished task's record that is
          * not kept is freed by step_end. A dropped task is not in the report: no id. */
         ap_slow_t rec = {.dur = dur, .task = t->kept ? t->id : 0, .coro = t->coro_idx, .cb = AP_NONE,
-                         .site_start = t->last_site, .site_end = AP_NONE, .at = now - s->t0};
+                         .site_start = t->last_site, .site_end = AP_NONE,
+                         .site_block1 = ap_sampler_blocked_at(th), .at = now - s->t0};
         PyObject *coro = t->coro;
         int state = ap_task_step_end(s, th, t, task, end);
         if (dur >= s->slow_ns && l && still_live(s, gen)) {
@@ -371,7 +372,7 @@ static PyObject *hook_run(PyObject *handle, PyObject *Py_UNUSED(unused))
         ap_cpu_charge(s, th, (ap_cpu_item_t){NULL, AP_NONE, cbi, NULL, weight > 0 ? weight : 0}, end);
         if (dur >= s->slow_ns && l) {
             ap_slow_t rec = {.dur = dur, .coro = AP_NONE, .cb = cbi, .site_start = AP_NONE,
-                             .site_end = AP_NONE, .at = now - s->t0};
+                             .site_end = AP_NONE, .site_block1 = ap_sampler_blocked_at(th), .at = now - s->t0};
             ap_loop_slow(s, l, &rec);
         }
     }
@@ -722,7 +723,8 @@ static PyObject *uvstep_call(PyObject *self, PyObject *const *args, size_t nargs
             /* As in hook_run: step_end may free the record of a finished, unkept task. */
             ap_ns_t dur = end - now - th->nested;   /* eager first steps run inside are theirs */
             ap_slow_t rec = {.dur = dur, .task = t->kept ? t->id : 0, .coro = t->coro_idx,
-                             .cb = AP_NONE, .site_start = t->last_site, .site_end = AP_NONE, .at = now - s->t0};
+                             .cb = AP_NONE, .site_start = t->last_site, .site_end = AP_NONE,
+                             .site_block1 = ap_sampler_blocked_at(th), .at = now - s->t0};
             PyObject *coro = t->coro;
             int state = ap_task_step_end(s, th, t, task, end);
             if (dur >= s->slow_ns && l && still_live(s, gen)) {

@@ -115,6 +115,7 @@ typedef struct {
     uint32_t coro;        /* coroutine index or AP_NONE */
     uint32_t cb;          /* callback index or AP_NONE */
     uint32_t site_start, site_end;
+    uint32_t site_block1; /* site + 1 of the line it was at when it ran past slow_ns, 0: unknown */
     uint32_t handles;     /* for a slow tick: handles run in it */
     int is_tick;
     ap_ns_t at;           /* start, since the session began */
@@ -210,6 +211,10 @@ typedef struct ap_thread {
     ap_ns_t handle_ns;       /* wall time inside handles so far (sampled threads) */
     ap_ns_t sampled_ns;      /* handle_ns (+ the running handle) at the last sample */
     uint64_t step_serial, blocked_step;
+    uint32_t block_site1;    /* site + 1 of the blocking capture of step blocked_step, 0: none */
+    uint32_t last_stack1;    /* stack + 1 of the last sample, taken in step last_stack_step */
+    uint64_t last_stack_step;
+    int watch_slot;          /* slot + 1 of this thread's step start for the watchdog, -1: none */
     /* the awaiting-task prefix of the running task's stack, computed once per step */
     uint64_t prefix_step;
     uint32_t prefix[64], n_prefix;
@@ -263,6 +268,7 @@ typedef struct {
     ap_ns_t sample_interval;          /* 0: no sampling */
     int async_stacks;                 /* charge idle time to async call stacks */
     uint64_t n_samples;
+    ap_ns_t uncharged_ns;             /* handle time of earlier handles no sample saw */
     ap_table_t frame_idx, stack_idx;
     ap_frame_t *frames; uint32_t n_frames, cap_frames;
     ap_stack_t *stacks; uint32_t n_stacks, cap_stacks;
@@ -375,6 +381,9 @@ int ap_sampler_mode(unsigned long ident);
 PyObject *ap_sample_signal(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* This thread begins (begin = 1) or ends (0) a handle at `now`: for the sampler. */
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin);
+/* site + 1 of the line the watchdog found the thread's step at once it ran past slow_ns
+ * (read right after the step's end: an ap_slow_t's site_block1), or 0. */
+uint32_t ap_sampler_blocked_at(const ap_thread_t *th);
 /* Add frames/samples/idle_stacks/blocking to a snapshot dict; 0 or -1 with error. */
 int ap_stacks_snapshot(ap_session_t *s, PyObject *doc);
 void ap_stacks_free(ap_session_t *s);

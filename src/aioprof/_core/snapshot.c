@@ -209,10 +209,12 @@ static PyObject *slow_obj(ap_session_t *s, const ap_slow_t *r)
     if (r->cb != AP_NONE)
         Py_SETREF(cb, Py_NewRef(s->cbs[r->cb].name));
     const char *kind = r->is_tick ? "tick" : r->cb != AP_NONE ? "callback" : "step";
-    return dict_of(9, "kind", PyUnicode_FromString(kind), "duration_ns", ns(r->dur),
+    return dict_of(10, "kind", PyUnicode_FromString(kind), "duration_ns", ns(r->dur),
                    "at_ns", ns(r->at), "task", r->task ? u64(r->task) : Py_NewRef(Py_None),
                    "coroutine", coro, "callback", cb, "step_start", site_obj(s, r->site_start),
-                   "step_end", site_obj(s, r->site_end), "handles", PyLong_FromUnsignedLong(r->handles));
+                   "step_end", site_obj(s, r->site_end),
+                   "blocked_at", site_obj(s, r->site_block1 ? r->site_block1 - 1 : AP_NONE),
+                   "handles", PyLong_FromUnsignedLong(r->handles));
 }
 
 static int cmp_slow(const void *a, const void *b)

@@ -5,7 +5,7 @@
  *
  * The sampler (below) is a C thread; the main thread's loop is sampled by the main
  * thread itself at the sampler's request, other threads' by the sampler under the GIL. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE 1   /* pthread_timedjoin_np */
 #include "profile.h"
 
 #include <pthread.h>
@@ -16,6 +16,7 @@
 
 #define MAX_STACK 128
 #define MAX_AWAITERS 8
+#define WATCH_SLOTS 64   /* threads whose step starts the watchdog reads without the GIL */
 
 enum { FR_CODE, FR_TASK, FR_CALLBACK, FR_ASYNCIO };
 
@@ -311,28 +312,80 @@ static struct {
     atomic_int step_signals;   /* signals sent during the main thread's current step */
     unsigned skipped;          /* sampler thread only: intervals since the last signal */
     pthread_mutex_t send_lock; /* a request is sent only by a sampler still current */
-} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER, .handled = 1};
+    /* The watchdog (sampling off, slow_ns > 0): the step start of each thread inside a
+     * handle, 0 when none or already captured; read by the sampler thread without the GIL. */
+    int watch;
+    ap_ns_t slow_ns;
+    atomic_llong starts[WATCH_SLOTS];
+    atomic_int n_slots;
+    atomic_int unslotted;      /* a thread had no slot: look every slow_ns / 4 while busy */
+    pthread_mutex_t watch_lock;  /* the watchdog sleeps on watch_cond: woken to leave at fork */
+    pthread_cond_t watch_cond;
+    int watch_cond_ready, watch_joinable;
+    atomic_int watch_restart;  /* stopped for a fork: the next step starts it again */
+    /* 3.10-3.12: the program took the signal over; the main thread looks for another */
+    atomic_int lost;
+    int warned;                /* the warning that no signal is left was given */
+    uint64_t taken;            /* signals the program took over this session (bit sig - SIGRTMIN) */
+    PyObject *handler;         /* _core._sample_signal (strong) */
+} S = {.send_lock = PTHREAD_MUTEX_INITIALIZER, .watch_lock = PTHREAD_MUTEX_INITIALIZER, .handled = 1};
 
 /* One sample of `th`, inside a handle, whose innermost frame is `frame` (a new
  * reference, consumed). */
 static void sample_thread(ap_session_t *s, ap_thread_t *th, ap_ns_t now, PyFrameObject *frame)
 {
-    /* The sample stands for the handle time since the previous one, whichever handles
-     * ran meanwhile: over many samples each stack gets its share of busy time, and the
-     * samples sum to the busy time (up to the last interval). */
-    ap_ns_t busy = th->handle_ns + (now - th->step_start);
+    ap_ns_t in_step = now - th->step_start;
+    int capture = s->slow_ns > 0 && in_step >= s->slow_ns && th->blocked_step != th->step_serial;
+    if (!s->sample_interval && !capture) {   /* the watchdog alone: nothing to do yet */
+        Py_XDECREF(frame);
+        return;
+    }
+    /* The time since the previous sample is shared by what the two samples saw. Inside
+     * one step: half to each (a line change falls anywhere between them, so neither the
+     * earlier nor the later line is favoured); the step's time after its last sample goes
+     * to that sample at the step's end (ap_sampler_step). The first sample of a step has
+     * the step's time so far, and of the handles before it (which no sample saw) at most
+     * one interval: the rest, such as the time of a long unsampled step, is counted as
+     * uncharged, never given to the code that happens to run next. */
+    ap_ns_t busy = th->handle_ns + in_step;
     ap_ns_t weight = busy - th->sampled_ns;
     th->sampled_ns = busy;
     uint32_t st = running_stack(s, th, frame);
     if (st == AP_NONE)
         return;
-    s->stacks[st].samples++;
-    s->stacks[st].sample_ns += weight;
-    s->n_samples++;
-    if (s->slow_ns > 0 && now - th->step_start >= s->slow_ns && th->blocked_step != th->step_serial) {
+    if (s->sample_interval) {
+        if (th->last_stack1 && th->last_stack_step == th->step_serial && th->last_stack1 <= s->n_stacks) {
+            s->stacks[th->last_stack1 - 1].sample_ns += weight / 2;
+            weight -= weight / 2;
+        } else {
+            ap_ns_t cap = in_step > s->sample_interval ? in_step : s->sample_interval;
+            if (weight > cap) {
+                s->uncharged_ns += weight - cap;
+                weight = cap;
+            }
+        }
+        s->stacks[st].samples++;
+        s->stacks[st].sample_ns += weight;
+        s->n_samples++;
+        th->last_stack1 = st + 1;
+        th->last_stack_step = th->step_serial;
+    }
+    if (capture) {
         th->blocked_step = th->step_serial;   /* one capture per slow step, while it runs */
         s->stacks[st].blocking++;
+        th->block_site1 = 0;
+        ap_stack_t *k = &s->stacks[st];
+        for (uint32_t i = k->n; i-- > 0 && !th->block_site1;) {
+            const ap_frame_t *f = &s->frames[k->frames[i]];
+            if (f->kind == FR_CODE)
+                th->block_site1 = f->ref + 1;   /* the innermost line: where it blocks */
+        }
     }
+}
+
+uint32_t ap_sampler_blocked_at(const ap_thread_t *th)
+{
+    return th->sampled && th->blocked_step == th->step_serial ? th->block_site1 : 0;
 }
 
 /* The GIL-sampled threads inside a handle (sampler thread, GIL held). */
@@ -343,8 +396,13 @@ static void sample_threads(ap_session_t *s)
         /* Read with the GIL held: a thread inside a handle is alive, its tstate valid. */
         if (th->sampled == AP_SAMPLE_GIL && th->depth > 0 && th->tstate && th->step_start != 0)
             sample_thread(s, th, now, PyThreadState_GetFrame(th->tstate));
+        /* The watchdog looks at a step once past slow_ns: captured now, or never. */
+        if (S.watch && th->watch_slot > 0 && th->step_start != 0 && now - th->step_start >= s->slow_ns)
+            atomic_store(&S.starts[th->watch_slot - 1], 0);
     }
 }
+
+static void signal_fallback(int lost);
 
 /* A main-thread sample, in the main thread with the GIL held; `frame` is borrowed or
  * NULL (then the current frame). Never raises. */
@@ -357,6 +415,9 @@ static void sample_main(unsigned long long gen, PyFrameObject *frame)
         return;
     ap_exc_state_t exc;
     ap_exc_save(&exc);
+    int lost = atomic_exchange(&S.lost, 0);
+    if (lost)
+        signal_fallback(lost);   /* taken over from C (sigaction): another one, or a warning */
     ap_thread_t *th = ap_thread_get(s);
     if (th && th->sampled == AP_SAMPLE_LOOP && th->depth > 0 && th->step_start != 0) {
         if (!frame)
@@ -500,8 +561,11 @@ static void request_main(unsigned long long gen)
         /* Never a signal the program has taken over (its handler would run, or the
          * default action end the process): from then on, pending calls only. */
         int sig = atomic_load(&S.signum);
-        if (!sig || !signal_still_ours(sig))
+        if (!sig || !signal_still_ours(sig)) {
             atomic_store(&S.signum, 0);
+            if (sig)
+                atomic_store(&S.lost, sig);   /* the main thread looks for another */
+        }
         else if (signal_due() && atomic_exchange(&S.handled, 0)) {
             /* Never a second one while the last is pending (blocked in C code, which
              * the guard on pthread_sigmask does not see): real-time signals queue. */
@@ -514,10 +578,9 @@ static void request_main(unsigned long long gen)
 
 /* Sleep one interval in slices of at most 20 ms, so a stopped sampler leaves soon.
  * Returns whether this sampler (generation `gen`) should go on. */
-static int sampler_sleep(unsigned long long gen)
+static int sleep_ns(unsigned long long gen, long long left)
 {
     const long long slice = 20000000;
-    long long left = (long long)S.interval.tv_sec * 1000000000 + S.interval.tv_nsec;
     while (left > 0 && atomic_load(&S.gen) == gen) {
         long long d = left < slice ? left : slice;
         struct timespec ts = {(time_t)(d / 1000000000), (long)(d % 1000000000)};
@@ -525,6 +588,78 @@ static int sampler_sleep(unsigned long long gen)
         left -= d;
     }
     return atomic_load(&S.gen) == gen;
+}
+
+static int sampler_sleep(unsigned long long gen)
+{
+    return sleep_ns(gen, (long long)S.interval.tv_sec * 1000000000 + S.interval.tv_nsec);
+}
+
+/* The watchdog (sampling off, slow_ns > 0): the same thread, sampling nothing. It reads
+ * the step starts of the threads inside a handle (no GIL), sleeps until the earliest
+ * would pass slow_ns, and only then takes the GIL and captures the stack of every step
+ * past it (sample_threads; the main thread is GIL-sampled too: no signal, no pending
+ * call). A step blocked in a system call has released the GIL and is captured at once;
+ * one running Python code hands the GIL over at its next switch (at most
+ * sys.getswitchinterval() later). Asleep while no step runs long. */
+/* Take the GIL and sample (or capture) the GIL-sampled threads inside a handle, if this
+ * sampler (generation `gen`) is still current (sampler thread). */
+static void sample_threads_locked(unsigned long long gen, const char *what)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    ap_session_t *s = ap_session;
+    if (atomic_load(&S.gen) == gen && s && !s->disabled) {
+        ap_exc_state_t exc;
+        ap_exc_save(&exc);
+        sample_threads(s);
+        if (PyErr_Occurred())
+            ap_fault(s, what);
+        ap_exc_restore(&exc);
+    }
+    PyGILState_Release(g);
+}
+
+/* Sleep `ns` on the watchdog's condition variable (CLOCK_MONOTONIC): a fork wakes it to
+ * leave. Returns whether this watchdog (generation `gen`) should go on. */
+static int watch_sleep(unsigned long long gen, long long ns)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    long long t = (long long)until.tv_nsec + ns;
+    until.tv_sec += (time_t)(t / 1000000000);
+    until.tv_nsec = (long)(t % 1000000000);
+    pthread_mutex_lock(&S.watch_lock);
+    while (atomic_load(&S.gen) == gen && pthread_cond_timedwait(&S.watch_cond, &S.watch_lock, &until) == 0) {
+    }
+    pthread_mutex_unlock(&S.watch_lock);
+    return atomic_load(&S.gen) == gen;
+}
+
+static void *watchdog_main(void *arg)
+{
+    unsigned long long gen = (unsigned long long)(uintptr_t)arg;
+    long long wait = 0;   /* look at once: after a fork, a step may be running already */
+    while (watch_sleep(gen, wait)) {
+        ap_ns_t now = ap_clock_wall(), first = 0;
+        int n = atomic_load(&S.n_slots);
+        for (int i = 0; i < n && i < WATCH_SLOTS; i++) {
+            ap_ns_t t = atomic_load_explicit(&S.starts[i], memory_order_relaxed);
+            if (t && (!first || t < first))
+                first = t;
+        }
+        int unslotted = atomic_load(&S.unslotted) && atomic_load(&S.busy) > 0;
+        wait = S.slow_ns;
+        if (first && now - first < S.slow_ns)
+            wait = S.slow_ns - (now - first) + 100000;   /* just past the threshold */
+        if (unslotted && wait > S.slow_ns / 4)
+            wait = S.slow_ns / 4 > 1000000 ? S.slow_ns / 4 : 1000000;
+        if (!(first && now - first >= S.slow_ns) && !unslotted)
+            continue;
+        sample_threads_locked(gen, "capturing a blocking stack");
+        if (wait <= 0)
+            wait = 1000000;
+    }
+    return NULL;
 }
 
 /* The sampler thread is detached and never joined: it may wait a long time for the GIL
@@ -538,17 +673,7 @@ static void *sampler_main(void *arg)
             request_main(gen);
         if (atomic_load_explicit(&S.busy, memory_order_relaxed) == 0)
             continue;   /* every other loop is between handles or in select */
-        PyGILState_STATE g = PyGILState_Ensure();
-        ap_session_t *s = ap_session;
-        if (atomic_load(&S.gen) == gen && s && !s->disabled) {
-            ap_exc_state_t exc;
-            ap_exc_save(&exc);
-            sample_threads(s);
-            if (PyErr_Occurred())
-                ap_fault(s, "taking a sample");
-            ap_exc_restore(&exc);
-        }
-        PyGILState_Release(g);
+        sample_threads_locked(gen, "taking a sample");
     }
     return NULL;
 }
@@ -588,6 +713,8 @@ static int sampling_signal(PyObject *handler)
     }
     int got = 0;
     for (int sig = SIGRTMAX - 2; sig >= SIGRTMAX - 6 && sig > SIGRTMIN && !got; sig--) {
+        if (sig - SIGRTMIN < 64 && (S.taken >> (sig - SIGRTMIN)) & 1)
+            continue;   /* the program took this one over from aioprof: it is the program's */
         PyObject *cur = PyObject_CallMethod(mod, "getsignal", "i", sig);
         PyObject *dfl = PyObject_GetAttrString(mod, "SIG_DFL");
         int free_sig = cur && dfl && cur == dfl;
@@ -654,12 +781,57 @@ static int signal_hold(PyObject *signum)
     return sig;
 }
 
-static void signal_resume(int sig)
+/* Sending resumes if `sig` is still aioprof's; returns whether it is. */
+static int signal_resume(int sig)
 {
     pthread_mutex_lock(&S.send_lock);
-    if (S.started && !atomic_load(&S.signum) && !S.masked && signal_still_ours(sig))
+    int ours = signal_still_ours(sig);
+    if (S.started && !atomic_load(&S.signum) && !S.masked && ours)
         atomic_store(&S.signum, sig);
     pthread_mutex_unlock(&S.send_lock);
+    return ours;
+}
+
+/* The program took the signal `lost` over (main thread, GIL held): never take that one
+ * again in this session; take another free one, or, when none is left, say once in the
+ * report's warnings that pure-Python steps of the main thread go unsampled from now on. */
+static void signal_fallback(int lost)
+{
+    if (lost >= SIGRTMIN && lost - SIGRTMIN < 64)
+        S.taken |= 1ull << (lost - SIGRTMIN);
+    ap_session_t *s = ap_session;
+    if (!S.started || S.main_mode != AP_SAMPLE_LOOP || !S.handler || !s ||
+        PyThread_get_thread_ident() != S.main_ident)
+        return;
+    pthread_mutex_lock(&S.send_lock);
+    int busy = atomic_load(&S.signum) || S.masked;
+    pthread_mutex_unlock(&S.send_lock);
+    if (busy)
+        return;
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    int sig = sampling_signal(S.handler);
+    sigset_t cur;
+    if (sig && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 && sigismember(&cur, sig) == 1)
+        sig = 0;   /* blocked in the main thread: not usable now */
+    pthread_mutex_lock(&S.send_lock);
+    if (sig && S.started && !atomic_load(&S.signum) && !S.masked) {
+        atomic_store(&S.handled, 1);
+        atomic_store(&S.signum, sig);
+    }
+    pthread_mutex_unlock(&S.send_lock);
+    if (!sig && !S.warned) {
+        S.warned = 1;
+        PyObject *msg = PyUnicode_FromString(
+            "the program took over the real-time signals aioprof can sample the main thread "
+            "with (SIGRTMAX-2 ... SIGRTMAX-6): from then on, pure-Python steps of the main "
+            "thread were sampled only where they released the GIL (docs/stacks.md)");
+        if (!msg || PyList_Append(s->faults, msg) < 0)
+            PyErr_Clear();
+        Py_XDECREF(msg);
+    }
+    PyErr_Clear();
+    ap_exc_restore(&exc);
 }
 
 /* The guard on _signal.pthread_sigmask (which signal.pthread_sigmask calls): a signal
@@ -703,8 +875,18 @@ static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, 
 {
     int held = PyVectorcall_NARGS(nargsf) >= 1 ? signal_hold(args[0]) : 0;
     PyObject *r = PyObject_Vectorcall(guarded[0], args, nargsf, kwnames);
-    if (held)
-        signal_resume(held);
+    if (r && S.started && !held && PyVectorcall_NARGS(nargsf) >= 2 && args[1] != S.handler &&
+        PyLong_Check(args[0])) {
+        /* A real-time signal the program set itself is the program's: never taken later
+         * in this session, even if it is left at the default. */
+        int overflow;
+        long n = PyLong_AsLongAndOverflow(args[0], &overflow);
+        if (n >= SIGRTMIN && n <= SIGRTMAX && n - SIGRTMIN < 64 && !overflow && !PyErr_Occurred())
+            S.taken |= 1ull << (n - SIGRTMIN);
+        PyErr_Clear();
+    }
+    if (held && !signal_resume(held) && r)
+        signal_fallback(held);   /* the program's now: another one, or a warning */
     return r;
 }
 
@@ -774,16 +956,95 @@ static void signal_guard_remove(void)
 }
 #else
 static void signal_guard_remove(void) {}   /* 3.13+ sends no signal */
+static void signal_fallback(int Py_UNUSED(lost)) {}
 #endif
 
 /* fork(): the child has no sampler thread, and the lock the sampler sends with must not
  * be copied held (signal.signal in the child, e.g. a subprocess preexec_fn, would wait on
  * it forever). The child's sampler counts as stopped. */
-static void fork_prepare(void) { pthread_mutex_lock(&S.send_lock); }
+/* On 3.12+ os.fork() warns (DeprecationWarning) when the process has other threads, as
+ * the kernel counts them: the watchdog, on by default, must not make a forking program
+ * warn. So it leaves before a fork (woken, and joined for up to 50 ms; it never waits long
+ * but for the GIL, which the forking thread holds only if it is not inside a step) and
+ * the next step starts a new one, after os.fork() has looked. */
+static void fork_prepare(void)
+{
+    if (S.started && S.watch && S.watch_joinable) {
+        pthread_mutex_lock(&S.watch_lock);
+        atomic_fetch_add(&S.gen, 1);
+        pthread_cond_broadcast(&S.watch_cond);
+        pthread_mutex_unlock(&S.watch_lock);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        if (pthread_timedjoin_np(S.thread, NULL, &until) != 0)
+            pthread_detach(S.thread);   /* it leaves once it has the GIL */
+        S.watch_joinable = 0;
+        atomic_store(&S.watch_restart, 1);
+    }
+    pthread_mutex_lock(&S.send_lock);
+}
 static void fork_parent(void) { pthread_mutex_unlock(&S.send_lock); }
+
+static int sampler_thread_start(void);
+
+/* The watchdog back after a fork (parent, GIL held): from a pending call that os.fork()'s
+ * after_in_parent hook queues (it runs once os.fork() has returned, and so has counted
+ * the threads: 3.13 runs the hook before it counts), or at the next step. */
+static void watch_restart(void)
+{
+    if (atomic_load_explicit(&S.watch_restart, memory_order_relaxed) && atomic_exchange(&S.watch_restart, 0) &&
+        S.started && sampler_thread_start() < 0)
+        S.started = 0;   /* no thread: the slow steps still come, without their lines */
+}
+
+static int restart_pending(void *Py_UNUSED(arg))
+{
+    watch_restart();
+    return 0;
+}
+
+static PyObject *after_fork_parent(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused))
+{
+    if (atomic_load(&S.watch_restart))
+        Py_AddPendingCall(restart_pending, NULL);   /* full queue: the next step does it */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef after_fork_def = {"_watchdog_after_fork", after_fork_parent, METH_NOARGS,
+                                     "aioprof: the watchdog thread back after os.fork() (parent)."};
+
+/* os.register_at_fork(after_in_parent=...) once per process; errors are ignored (the
+ * watchdog then comes back at the next step). */
+static void register_after_fork(void)
+{
+    static int done;
+    if (done)
+        return;
+    done = 1;
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *reg = os ? PyObject_GetAttrString(os, "register_at_fork") : NULL;
+    PyObject *fn = reg ? PyCFunction_New(&after_fork_def, NULL) : NULL;
+    PyObject *args = fn ? PyTuple_New(0) : NULL;
+    PyObject *kw = args ? Py_BuildValue("{s:O}", "after_in_parent", fn) : NULL;
+    PyObject *r = kw ? PyObject_Call(reg, args, kw) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_XDECREF(fn);
+    Py_XDECREF(reg);
+    Py_XDECREF(os);
+    PyErr_Clear();
+}
 static void fork_child(void)
 {
     pthread_mutex_init(&S.send_lock, NULL);
+    pthread_mutex_init(&S.watch_lock, NULL);
+    atomic_store(&S.watch_restart, 0);
     atomic_fetch_add(&S.gen, 1);
     atomic_store(&S.signum, 0);
     S.started = 0;
@@ -792,13 +1053,38 @@ static void fork_child(void)
     atomic_store(&S.handled, 1);
 }
 
+/* Start the sampler (or watchdog) thread of a new generation: 0, or -1. The watchdog
+ * stays joinable (a fork waits for it to leave); the sampler is detached. */
+static int sampler_thread_start(void)
+{
+    unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
+    if (pthread_create(&S.thread, NULL, S.watch ? watchdog_main : sampler_main, (void *)(uintptr_t)gen) != 0) {
+        atomic_fetch_add(&S.gen, 1);
+        return -1;
+    }
+    if (S.watch)
+        S.watch_joinable = 1;
+    else
+        pthread_detach(S.thread);
+    return 0;
+}
+
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
 {
     static int atfork;
     if (!atfork && pthread_atfork(fork_prepare, fork_parent, fork_child) == 0)
         atfork = 1;
-    if (!s->sample_interval)
+    /* The watchdog: without sampling, for slow_ns > 0 (0 makes every step slow), unless
+     * AIOPROF_WATCHDOG=0 (docs/stacks.md). */
+    const char *env = getenv("AIOPROF_WATCHDOG");
+    S.watch = !s->sample_interval && s->slow_ns > 0 && !(env && strcmp(env, "0") == 0);
+    if (!s->sample_interval && !S.watch)
         return 0;
+    S.slow_ns = s->slow_ns;
+    atomic_store(&S.n_slots, 0);
+    atomic_store(&S.unslotted, 0);
+    for (int i = 0; i < WATCH_SLOTS; i++)
+        atomic_store(&S.starts[i], 0);
     S.interval.tv_sec = (time_t)(s->sample_interval / 1000000000);
     S.interval.tv_nsec = (long)(s->sample_interval % 1000000000);
     atomic_store(&S.busy, 0);
@@ -806,35 +1092,58 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     atomic_store(&S.outstanding, 0);
     atomic_store(&S.queued, 0);
     S.main_ident = main_thread_ident();
+    atomic_store(&S.signum, 0);
+    S.main_mode = 0;
+    S.has_main_cpu = 0;
+    if (S.watch) {
+        /* every thread GIL-sampled, the main thread too: no signal, no pending call */
+        (void)signal_handler;
+    } else {
 #if PY_VERSION_HEX >= 0x030D0000
-    (void)signal_handler;
-    atomic_store(&S.signum, 0);   /* a pending call reaches the main thread at once */
-    S.main_mode = S.main_ident ? AP_SAMPLE_LOOP : 0;
+        (void)signal_handler;   /* a pending call reaches the main thread at once */
+        S.main_mode = S.main_ident ? AP_SAMPLE_LOOP : 0;
 #else
-    int sig = S.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
-    if (sig && signal_guard_install() < 0) {
-        PyErr_Clear();   /* unguarded, the signal is not sent: the GIL sampler instead */
-        sig = 0;
-    }
-    atomic_store(&S.signum, sig);
-    S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
-    S.has_main_cpu = sig && pthread_getcpuclockid((pthread_t)S.main_ident, &S.main_cpu) == 0;
-    S.probe_cpu = -1;
-    atomic_store(&S.handled, 1);
-    S.masked = 0;
-    sigset_t cur;   /* this is the main thread (sampling_signal): its mask now */
-    if (sig && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 && sigismember(&cur, sig) == 1) {
-        S.masked = sig;
-        atomic_store(&S.signum, 0);
-    }
+        if (signal_handler && !S.handler)
+            S.handler = Py_NewRef(signal_handler);
+        S.taken = 0;
+        S.warned = 0;
+        atomic_store(&S.lost, 0);
+        int sig = S.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
+        if (sig && signal_guard_install() < 0) {
+            PyErr_Clear();   /* unguarded, the signal is not sent: the GIL sampler instead */
+            sig = 0;
+        }
+        atomic_store(&S.signum, sig);
+        S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
+        S.has_main_cpu = sig && pthread_getcpuclockid((pthread_t)S.main_ident, &S.main_cpu) == 0;
+        S.probe_cpu = -1;
+        atomic_store(&S.handled, 1);
+        S.masked = 0;
+        sigset_t cur;   /* this is the main thread (sampling_signal): its mask now */
+        if (sig && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 && sigismember(&cur, sig) == 1) {
+            S.masked = sig;
+            atomic_store(&S.signum, 0);
+        }
 #endif
-    unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
-    if (pthread_create(&S.thread, NULL, sampler_main, (void *)(uintptr_t)gen) != 0) {
-        atomic_fetch_add(&S.gen, 1);
+    }
+    if (S.watch && !S.watch_cond_ready) {
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        S.watch_cond_ready = pthread_cond_init(&S.watch_cond, &attr) == 0;
+        pthread_condattr_destroy(&attr);
+        if (!S.watch_cond_ready) {
+            PyErr_SetString(PyExc_RuntimeError, "aioprof: cannot start the watchdog");
+            return -1;
+        }
+    }
+    atomic_store(&S.watch_restart, 0);
+    if (S.watch)
+        register_after_fork();
+    if (sampler_thread_start() < 0) {
         PyErr_SetString(PyExc_RuntimeError, "aioprof: cannot start the sampler thread");
         return -1;
     }
-    pthread_detach(S.thread);
     S.started = 1;
     return 0;
 }
@@ -847,6 +1156,15 @@ void ap_sampler_stop(void)
     pthread_mutex_lock(&S.send_lock);
     atomic_fetch_add(&S.gen, 1);   /* the sampler leaves at its next look; not waited for */
     pthread_mutex_unlock(&S.send_lock);
+    if (S.watch) {
+        pthread_mutex_lock(&S.watch_lock);
+        pthread_cond_broadcast(&S.watch_cond);   /* leave now */
+        pthread_mutex_unlock(&S.watch_lock);
+        if (S.watch_joinable)
+            pthread_detach(S.thread);   /* not joined: it may be waiting for the GIL we hold */
+        S.watch_joinable = 0;
+    }
+    atomic_store(&S.watch_restart, 0);
     S.started = 0;
     signal_guard_remove();
 }
@@ -861,14 +1179,33 @@ int ap_sampler_mode(unsigned long ident)
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin)
 {
     atomic_int *busy = th->sampled == AP_SAMPLE_LOOP ? &S.main_busy : &S.busy;
+    if (S.watch && th->watch_slot == 0) {
+        int slot = atomic_fetch_add(&S.n_slots, 1);
+        th->watch_slot = slot < WATCH_SLOTS ? slot + 1 : -1;
+        if (slot >= WATCH_SLOTS)
+            atomic_store(&S.unslotted, 1);
+    }
+    if (th->watch_slot > 0)
+        atomic_store_explicit(&S.starts[th->watch_slot - 1], begin ? now : 0, memory_order_relaxed);
+    if (begin)
+        watch_restart();
     if (begin) {
         th->step_start = now;
         th->step_serial++;
+        th->block_site1 = 0;
         if (th->sampled == AP_SAMPLE_LOOP)
             atomic_store_explicit(&S.step_signals, 0, memory_order_relaxed);
         atomic_fetch_add_explicit(busy, 1, memory_order_relaxed);
     } else {
         th->handle_ns += now - th->step_start;
+        /* The step's time after its last sample goes to the stack that sample saw: the
+         * step's own best guess, never the next step's. */
+        ap_session_t *s = ap_session;
+        if (s && s->sample_interval && th->last_stack1 && th->last_stack_step == th->step_serial &&
+            th->handle_ns > th->sampled_ns && th->last_stack1 <= s->n_stacks) {
+            s->stacks[th->last_stack1 - 1].sample_ns += th->handle_ns - th->sampled_ns;
+            th->sampled_ns = th->handle_ns;
+        }
         th->step_start = 0;
         atomic_fetch_sub_explicit(busy, 1, memory_order_relaxed);
     }
@@ -911,7 +1248,7 @@ static PyObject *stack_list(const ap_stack_t *st)
 
 int ap_stacks_snapshot(ap_session_t *s, PyObject *doc)
 {
-    if (!s->sample_interval && !s->async_stacks)
+    if (!s->sample_interval && !s->async_stacks && !s->slow_ns)
         return 0;
     PyObject *frames = PyList_New(0), *samples = PyList_New(0), *idle = PyList_New(0), *blocking = PyList_New(0);
     int rc = -1;
@@ -956,15 +1293,16 @@ int ap_stacks_snapshot(ap_session_t *s, PyObject *doc)
     if (PyDict_SetItemString(doc, "frames", frames) < 0)
         goto done;
     if (s->sample_interval) {
-        PyObject *sm = Py_BuildValue("{s:L,s:K,s:O}", "interval_ns", (long long)s->sample_interval, "count",
-                                     (unsigned long long)s->n_samples, "stacks", samples);
+        PyObject *sm = Py_BuildValue("{s:L,s:K,s:L,s:O}", "interval_ns", (long long)s->sample_interval, "count",
+                                     (unsigned long long)s->n_samples, "uncharged_ns", (long long)s->uncharged_ns,
+                                     "stacks", samples);
         if (!sm || PyDict_SetItemString(doc, "samples", sm) < 0) {
             Py_XDECREF(sm);
             goto done;
         }
         Py_DECREF(sm);
     }
-    if (s->sample_interval && PyDict_SetItemString(doc, "blocking", blocking) < 0)
+    if ((s->sample_interval || s->slow_ns) && PyDict_SetItemString(doc, "blocking", blocking) < 0)
         goto done;
     if (s->async_stacks && PyDict_SetItemString(doc, "idle_stacks", idle) < 0)
         goto done;

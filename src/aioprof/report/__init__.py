@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import IO, Optional
 
 from aioprof.report import collapsed, text, trace
@@ -38,7 +39,9 @@ def write(doc: dict, *, format: str = "text", file: IO[str], sort: str = "busy",
 
     format "json": the document itself (``json.dump`` with indent=1, then a newline);
     sort, limit, by, show_internal and width are checked but do not change it.
-    format "text": tables made by `aioprof.report.text.render` (see there for the options).
+    format "text": tables made by `aioprof.report.text.render` (see there for the options);
+    with width None, a terminal gets lines fitted to its width and any other file (a
+    file, a pipe) whole rows, unless COLUMNS is set.
     format "collapsed": the folded stacks of `aioprof.report.collapsed.render` for
     `flame` ("cpu", the default, "idle" or "wall").
     format "trace": ``json.dump`` of `aioprof.report.trace.render` (compact), then a
@@ -64,8 +67,17 @@ def write(doc: dict, *, format: str = "text", file: IO[str], sort: str = "busy",
         file.write("\n")
         return
     ellipsis = "\u2026" if _can_encode(file, "\u2026") else "..."
+    if width is None and not os.environ.get("COLUMNS") and not _is_terminal(file):
+        width = text.FULL_WIDTH   # a file or a pipe gets whole rows: only a terminal is fitted
     file.write(text.render(doc, sort=sort, limit=limit, by=by, show_internal=show_internal,
                            width=width, ellipsis=ellipsis))
+
+
+def _is_terminal(file: IO[str]) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _can_encode(file: IO[str], s: str) -> bool:

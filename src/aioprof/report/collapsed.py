@@ -9,8 +9,10 @@ microseconds. flamegraph.pl, inferno and speedscope read this format.
 
 flame:
     ``cpu``: the sampled on-loop time (``samples.stacks``, ``time_s``);
-    ``idle``: the await time (``idle_stacks``, ``idle_s``);
-    ``wall``: both, added up per stack.
+    ``idle``: the await time (``idle_stacks``, ``idle_s``), in task time: every
+    suspended task's wait added up, so ten tasks awaiting for 1 s together give 10 s, and
+    an idle flame can be many times the wall time;
+    ``wall``: both, added up per stack (on-loop time plus task-time waits).
 
 Frame text: a code frame reads ``function (file:line)`` with the file's base name;
 markers read ``[task coroutine]``, ``[callback name]`` and ``[asyncio]``. ``;`` (the

@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import textwrap
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -36,6 +37,7 @@ SORTS = ("busy", "cpu", "scheduled", "idle", "steps", "max")
 VIEWS = ("coroutine", "task", "site", "callback", "stack")
 DEFAULT_LIMIT = 20      # rows of the main table when limit is None; limit=0 shows all
 MIN_WIDTH = 80          # the report is never laid out narrower than this
+FULL_WIDTH = 100_000    # the width of a report written to a file or a pipe: whole rows
 SHORT_CALLBACKS = 5     # rows of the callbacks table under the other views
 AWAIT_COROUTINES = 3    # coroutines whose await sites are listed under the coroutine table
 AWAIT_SITES = 3         # await sites listed per coroutine
@@ -45,6 +47,7 @@ TREE_INDENT = 2         # characters of indentation per call tree level
 BLOCKING_STACKS = 5     # blocking stacks (by innermost line) listed in the loops section
 LOOPS_SHOWN = 5         # event loops shown in full (running first, then the busiest)
 NO_LOOP_NOTE = "No asyncio event loop ran: no loop figures (aioprof sees asyncio and uvloop)."
+SLOW_LISTED = 3         # slow steps (then ticks) listed per loop
 
 # Sort key -> (field of tasks and coroutines, column header it sorts).
 _SORT_FIELD = {"busy": "busy_s", "cpu": "cpu_s", "scheduled": "scheduled_s",
@@ -180,20 +183,45 @@ def _created_at(obj: Any) -> str:
     return _loc_of(obj)
 
 
+def _width(s: str) -> int:
+    """The display width of `s` in a terminal: East Asian wide and fullwidth characters
+    take two columns, combining marks none."""
+    if s.isascii():
+        return len(s)
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in s)
+
+
+def _head(s: str, width: int) -> str:
+    """The longest start of `s` that is at most `width` columns wide."""
+    n = 0
+    for i, c in enumerate(s):
+        n += _width(c)
+        if n > width:
+            return s[:i]
+    return s
+
+
+def _pad(s: str, width: int, right: bool = False) -> str:
+    """`s` padded with spaces to `width` columns (on the left if `right`)."""
+    fill = " " * max(0, width - _width(s))
+    return fill + s if right else s + fill
+
+
 def _cut(s: str, width: int, ellipsis: str) -> str:
-    """`s` cut to `width` characters, ending with the ellipsis when cut."""
-    if len(s) <= width:
+    """`s` cut to `width` columns, ending with the ellipsis when cut."""
+    if _width(s) <= width:
         return s
-    return s[: max(0, width - len(ellipsis))] + ellipsis
+    return _head(s, max(0, width - len(ellipsis))) + ellipsis
 
 
 def _cut_left(s: str, width: int, ellipsis: str) -> str:
-    """`s` cut to `width` characters keeping its end, starting with the ellipsis."""
-    if len(s) <= width:
+    """`s` cut to `width` columns keeping its end, starting with the ellipsis."""
+    if _width(s) <= width:
         return s
     if width <= len(ellipsis):
-        return s[len(s) - width:]
-    return ellipsis + s[len(s) - (width - len(ellipsis)):]
+        return _head(s[::-1], width)[::-1]
+    return ellipsis + _head(s[::-1], width - len(ellipsis))[::-1]
 
 
 def _sorted(rows: Iterable[dict], field: str) -> List[dict]:
@@ -298,7 +326,7 @@ def _layout(cols: Sequence[_Col], cells: List[List[str]], width: int
     Shortens flexible columns (widest first) to their minimum, and while that is not
     enough, leaves out the droppable column with the highest `drop`.
     """
-    natural = [max([len(c.header)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    natural = [max([_width(c.header)] + [_width(row[i]) for row in cells]) for i, c in enumerate(cols)]
     minimum = [min(natural[i], max(len(c.header), c.flex)) if c.flex else natural[i]
                for i, c in enumerate(cols)]
     shown = list(range(len(cols)))
@@ -363,8 +391,7 @@ class _Renderer:
             for i in shown:
                 c, w, v = cols[i], widths[i], values[i]
                 assert w is not None
-                v = _cut_left(v, w, self.ellipsis)
-                parts.append(v.rjust(w) if c.right else v.ljust(w))
+                parts.append(_pad(_cut_left(v, w, self.ellipsis), w, c.right))
             return SEP.join(parts)
 
         out = [line([c.header for c in cols])]
@@ -458,7 +485,8 @@ class _Renderer:
                 out.append(f"    {_ms(idle):>9} ms idle  {int(count):>7}x  {where}")
         if not out:
             return []
-        return ["Where the top coroutines wait (await sites of their recorded tasks)"] + out
+        return ["Where the top coroutines wait (await sites of their recorded tasks)",
+                "(idle: task time, summed over the tasks; it can exceed the wall time)"] + out
 
     def tasks(self) -> List[str]:
         rows, total, hidden = self._rows("tasks", _SORT_FIELD[self.sort])
@@ -556,10 +584,15 @@ class _Renderer:
                 continue
             root.add(stack, seconds)
         total = root.total
+        # What the samples are, not what was asked: the sampler can be late (a busy
+        # machine, the GIL, a long step's signals thinned out), so say how many there
+        # are and their mean spacing over the sampled time; the interval asked beside.
         count, interval = _num(samples.get("count")), _num(samples.get("interval_s"))
-        about = [f"{int(count)} samples" if count is not None else None,
-                 f"every {_ms(interval)} ms" if interval else None,
-                 f"{_ms(total)} ms"]
+        uncharged = _num(samples.get("uncharged_s"))
+        about = [f"{_ms(total)} ms in {int(count)} samples" if count is not None else f"{_ms(total)} ms",
+                 f"one per {_ms(total / count)} ms on average" if count and total > 0 else None,
+                 f"asked every {_ms(interval)} ms" if interval else None,
+                 f"{_ms(uncharged)} ms no sample saw" if uncharged and uncharged >= 0.0005 else None]
         out = [f"{title}: " + ", ".join(a for a in about if a)]
         if not total > 0:
             out.append("  (no samples)")
@@ -736,23 +769,38 @@ class _Renderer:
             if items:
                 out.extend(self._wrap(items))
 
-        def duration(r: dict) -> float:
-            return _num(r.get("duration_s")) or 0.0
+        out.extend(self._slow_lines(slow_list))
+        return out
 
-        for r in sorted(slow_list, key=duration, reverse=True)[:3]:
-            kind = r.get("kind")
-            if kind == "tick":
+    def _slow_lines(self, slow_list: List[dict]) -> List[str]:
+        """The longest slow steps and callbacks (up to SLOW_LISTED), then slow ticks in
+        what room is left: a step's line says where it blocked (the watchdog's capture,
+        docs/stacks.md) and, labelled apart, the await it ended at."""
+        def key(r: dict) -> Tuple[bool, float]:
+            return r.get("kind") == "tick", -(_num(r.get("duration_s")) or 0.0)
+
+        sep = " \u00b7 " if self.ellipsis == "\u2026" else "; "
+        out = []
+        for r in sorted(slow_list, key=key)[:SLOW_LISTED]:
+            if r.get("kind") == "tick":
                 what = f"tick of {_int(r.get('handles'))} handles"
             else:
                 what = _str(r.get("coroutine") or r.get("callback"))
                 if r.get("task") is not None:
                     what += f" (task {r['task']})"
-            where = [_loc_of(r.get(k)) for k in ("step_start", "step_end")]
-            span = (f"  {where[0]} -> {where[1]}" if where[0] != "-" and where[1] != "-"
-                    else "".join(f"  {w}" for w in where if w != "-"))
+            parts = []
+            if _loc_of(r.get("step_start")) != "-":
+                parts.append(f"resumed at {_loc_of(r.get('step_start'))}")
+            if isinstance(r.get("blocked_at"), dict):
+                blocked = r["blocked_at"]
+                parts.append(f"blocked at {_loc_of(blocked)}"
+                             + (f" ({blocked['function']})" if blocked.get("function") else ""))
+            if _loc_of(r.get("step_end")) != "-":
+                parts.append(("then " if parts else "") + f"awaited at {_loc_of(r.get('step_end'))}")
             at = _num(r.get("at_s"))
             when = f"  at {at:.3f} s" if at is not None else ""
-            out.append(f"        {_ms(duration(r)):>9} ms  {what}{span}{when}")
+            span = ("  " + sep.join(parts)) if parts else ""
+            out.append(f"        {_ms(_num(r.get('duration_s')) or 0.0):>9} ms  {what}{span}{when}")
         return out
 
     def _wrap(self, items: List[str]) -> List[str]:
