@@ -1,4 +1,5 @@
-"""Waits inside a library are shown at the program's own line, the library's beside it.
+"""Waits inside a library, and tasks a library creates, are shown at the program's own
+line, the library's beside it.
 
 "Where the top coroutines wait" names the innermost line of the program's own code (not
 in the standard library, site-packages, dist-packages or aioprof), with the library
@@ -31,6 +32,19 @@ LIBRARY = """\
     async def background(adv, ev):
         adv(1_000_000)
         await wait(ev)
+
+    def spawn(coro, name):
+        return asyncio.create_task(coro, name=name)  # [LIB_SPAWN]
+
+    class Group:   # as anyio's TaskGroup.start_soon: two frames of the library deep
+        def start_soon(self, fn, *args, name):
+            return self._spawn(fn(*args), name)  # [LIB_START_SOON]
+
+        def _spawn(self, coro, name):
+            return asyncio.get_running_loop().create_task(coro, name=name)  # [LIB_DEEP]
+
+    async def own_task(coro):   # the library's own task makes one: no line of the program
+        await asyncio.create_task(coro, name="own")  # [LIB_OWN]
 """
 
 
@@ -43,7 +57,9 @@ def fakelib(tmp_path):
     sys.path.insert(0, str(site))
     try:
         lib = importlib.import_module("fakelib")
-        lib.WAIT_LINE = next(n for n, text in enumerate(init.read_text().splitlines(), 1) if "[LIB_WAIT]" in text)
+        text = init.read_text().splitlines()
+        lib.line = lambda marker: next(n for n, t in enumerate(text, 1) if f"[{marker}]" in t)
+        lib.WAIT_LINE = lib.line("LIB_WAIT")
         yield lib
     finally:
         sys.path.remove(str(site))
@@ -108,3 +124,61 @@ def test_library_waits_at_the_programs_line(fake_clock, fakelib):
     # Idle: the handlers 3-14 and 6-14 ms, via_callback 8-14, background 9-14.
     idles = [line.split(" ms idle", 1)[0].split()[-1] for line in section.splitlines() if " ms idle " in line]
     assert idles == ["19.0", "6.0", "5.0"], section
+
+
+async def child():
+    await asyncio.sleep(0)
+
+
+async def spawner(lib):
+    tasks = [lib.spawn(child(), "spawned")]  # [USER_SPAWN]
+    tasks.append(lib.Group().start_soon(child, name="deep"))  # [USER_START_SOON]
+    tasks.append(asyncio.create_task(lib.own_task(child()), name="own_parent"))  # [USER_OWN]
+    tasks.append(asyncio.create_task(child(), name="direct"))  # [USER_DIRECT]
+    await asyncio.gather(*tasks)
+
+
+@pytest.fixture
+def spawned(fakelib):
+    with aioprof.Profiler() as p:
+        asyncio.run(spawner(fakelib))
+    doc = p.stats()
+    assert doc["warnings"] == []
+    return doc, {t["name"]: t for t in doc["tasks"]}
+
+
+def test_library_created_tasks_at_the_programs_line(spawned, fakelib):
+    doc, tasks = spawned
+
+    def site(obj):
+        return None if obj is None else (obj["file"], obj["line"], obj["function"].rsplit(".", 1)[-1])
+
+    def at(name):
+        created = tasks[name]["created_at"]
+        return site(created), site(created["via"])
+
+    lib = fakelib.__file__
+    # One library frame, and two (the innermost of them is "via"): the program's line.
+    assert at("spawned") == ((__file__, line_of(spawner, "[USER_SPAWN]"), "spawner"),
+                             (lib, fakelib.line("LIB_SPAWN"), "spawn"))
+    assert at("deep") == ((__file__, line_of(spawner, "[USER_START_SOON]"), "spawner"),
+                          (lib, fakelib.line("LIB_DEEP"), "_spawn"))
+    # Made by the program itself: no via.
+    assert at("direct") == ((__file__, line_of(spawner, "[USER_DIRECT]"), "spawner"), None)
+    assert at("own_parent") == ((__file__, line_of(spawner, "[USER_OWN]"), "spawner"), None)
+    # The library's own task made it: no line of the program within that step, so the
+    # library's line, never the program's line further out (asyncio.run).
+    assert at("own") == ((lib, fakelib.line("LIB_OWN"), "own_task"), None)
+    assert tasks["own"]["parent"] == tasks["own_parent"]["id"]
+
+    buf = io.StringIO()
+    report.write(doc, format="text", file=buf, width=250, by="task")
+    rows = {line.split()[1]: line for line in buf.getvalue().splitlines()
+            if line.split()[1:2] and line.split()[1] in tasks}
+    here = __file__.rsplit("/", 1)[-1]
+    assert f" {here}:{line_of(spawner, '[USER_SPAWN]')} (via fakelib/__init__.py:{fakelib.line('LIB_SPAWN')}) " \
+        in rows["spawned"], rows["spawned"]
+    assert f" {here}:{line_of(spawner, '[USER_START_SOON]')} (via fakelib/__init__.py:{fakelib.line('LIB_DEEP')}) " \
+        in rows["deep"], rows["deep"]
+    assert f" {here}:{line_of(spawner, '[USER_DIRECT]')} " in rows["direct"] and "(via" not in rows["direct"]
+    assert f" __init__.py:{fakelib.line('LIB_OWN')} " in rows["own"] and "(via" not in rows["own"]

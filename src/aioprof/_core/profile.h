@@ -90,6 +90,7 @@ typedef struct ap_task {
     PyObject *coro_name;  /* strong str: qualname of a coroutine that has no code (Cython) */
     uint32_t coro_idx;    /* index into s->coros */
     uint32_t created;     /* site index or AP_NONE */
+    uint32_t created_via; /* the innermost library frame the walk went through to `created`, or AP_NONE */
     /* Made while a handle ran but by no Python frame of the program (a callback such as
      * loop.create_task itself, compiled code): the callback's or the creating task's
      * coroutine's name and file (strong str, or NULL), and created stays AP_NONE. */
@@ -335,11 +336,13 @@ uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain);
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle);
 /* Record of a non-task callback; AP_NONE on error. */
 uint32_t ap_cb_get(ap_session_t *s, PyObject *callback);
-/* Creation site of the code running now: the first frame outside asyncio and aioprof,
- * skipping a task factory's frames (those inside BaseEventLoop.create_task). AP_NONE if
- * there is none; *by_loop is then 1 when the walk reached the frames that run handles
- * while a handle runs (no frame of the program made the task). */
-uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop);
+/* Creation site of the code running now: the first frame of the program's own code,
+ * skipping asyncio's, aioprof's and a task factory's frames (those inside
+ * BaseEventLoop.create_task) and walking through library frames, the innermost of which
+ * goes to *via (else AP_NONE). With no frame of the program, the innermost library line
+ * (via AP_NONE), or AP_NONE if there is none; *by_loop is then 1 when the walk reached
+ * the frames that run handles while a handle runs (no frame of the program made it). */
+uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop, uint32_t *via);
 /* Read the task's name again (it may have been set after creation). Never fails. */
 void ap_task_refresh_name(ap_task_t *t, PyObject *task);
 /* Release a task record's references and memory. */

@@ -39,14 +39,25 @@ static PyObject *site_obj(ap_session_t *s, uint32_t site)
                    "function", Py_NewRef(c->qualname));
 }
 
-/* Where a task was made: its creation site; or, made by no frame of the program, what
- * ran (a callback, a task's step) with no line; or null (it existed before profiling). */
+/* Where a task was made: its creation site, with the library frame the walk went through
+ * to it as "via" (or null); or, made by no frame of the program, what ran (a callback, a
+ * task's step) with no line; or null (it existed before profiling). */
 static PyObject *created_obj(ap_session_t *s, const ap_task_t *t)
 {
-    if (t->created != AP_NONE || !t->by_loop)
-        return site_obj(s, t->created);
-    return dict_of(3, "file", Py_NewRef(t->created_by_file ? t->created_by_file : Py_None),
-                   "line", Py_NewRef(Py_None), "function", Py_NewRef(t->created_by ? t->created_by : Py_None));
+    if (t->created == AP_NONE && !t->by_loop)
+        return Py_NewRef(Py_None);
+    if (t->created == AP_NONE)
+        return dict_of(4, "file", Py_NewRef(t->created_by_file ? t->created_by_file : Py_None),
+                       "line", Py_NewRef(Py_None), "function", Py_NewRef(t->created_by ? t->created_by : Py_None),
+                       "via", Py_NewRef(Py_None));
+    PyObject *d = site_obj(s, t->created);
+    PyObject *via = site_obj(s, t->created_via);
+    if (d && via && PyDict_SetItemString(d, "via", via) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(via);
+    if (!via)
+        Py_CLEAR(d);
+    return d;
 }
 
 static PyObject *chain_obj(ap_session_t *s, uint32_t chain)

@@ -278,7 +278,7 @@ static int coro_unstarted(PyObject *coro)
 
 #define FACTORY_FRAMES 4   /* frames of the program a task factory may span */
 
-uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop)
+uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop, uint32_t *via)
 {
     /* Walk out from the frame that called Task(). The first frame of the program (not in
      * asyncio or aioprof) is the site, unless a few frames further out asyncio's
@@ -286,12 +286,18 @@ uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop)
      * helpers it calls), skipped as asyncio's frames are, and the walk goes on. Inside a
      * handle, reaching the frames that run handles (_run_once) first means that no frame of
      * the program made the task (a callback that is loop.create_task itself, compiled
-     * code): never a line further out, such as the asyncio.run() that runs the loop. */
+     * code): never a line further out, such as the asyncio.run() that runs the loop.
+     * Library frames (is_library: the rest of the standard library, site-/dist-packages,
+     * computed once per code object) are walked through to the first frame of the
+     * program's own code, the innermost of them kept as *via (anyio's start_soon: the
+     * site is the program's tg.start_soon line). With no such frame inside the handle
+     * (the library's own task), the library's line is the site, without via. */
     PyFrameObject *f = ap_current_frame();
     Py_XINCREF(f);
-    uint32_t site = AP_NONE;
+    uint32_t site = AP_NONE, lib = AP_NONE;
     int ahead = 0;
     *by_loop = 0;
+    *via = AP_NONE;
     for (int depth = 0; f && depth < 128; depth++) {
         PyCodeObject *code = PyFrame_GetCode(f);
         uint32_t c = ap_code_get(s, (PyObject *)code);
@@ -305,16 +311,26 @@ uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop)
             if (site != AP_NONE && !cr->is_create_task)
                 break;   /* the site stands */
             site = AP_NONE;   /* (what create_task called: a task factory) */
-            if (th->depth > 0 && cr->is_handle_runner) {
-                *by_loop = 1;
+            if (cr->is_create_task)
+                lib = AP_NONE;
+            /* Inside a handle, the loop's frames (or, under uvloop, which runs handles in
+             * compiled code, asyncio.run's) end a walk that saw only library frames. */
+            if (th->depth > 0 && (cr->is_handle_runner || (lib != AP_NONE && cr->is_loop_entry))) {
+                *by_loop = lib == AP_NONE;
                 break;
             }
         } else if (site == AP_NONE) {
-            site = ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f));
+            uint32_t here = ap_site_get(s, (PyObject *)code, PyFrame_GetLineNumber(f));
             Py_DECREF(code);
-            if (site == AP_NONE)
+            if (here == AP_NONE)
                 break;   /* out of memory */
-            ahead = 0;
+            if (cr->is_library) {
+                if (lib == AP_NONE)
+                    lib = here;
+            } else {
+                site = here;
+                ahead = 0;
+            }
         } else {
             Py_DECREF(code);
             if (++ahead >= FACTORY_FRAMES)
@@ -325,6 +341,9 @@ uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop)
         f = back;
     }
     Py_XDECREF(f);
+    if (site == AP_NONE)
+        return lib;   /* no frame of the program: the library's line, or none */
+    *via = lib;
     return site;
 }
 
@@ -391,7 +410,7 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
     t->id = ++s->next_task_id;
     t->addr = (uintptr_t)task;
     t->thread = th->ident;
-    t->coro_idx = t->created = t->last_site = AP_NONE;
+    t->coro_idx = t->created = t->created_via = t->last_site = AP_NONE;
     t->state = AP_READY;
     t->t_created = t->t_mark = now;
     t->t_first = t->t_end = -1;
@@ -411,7 +430,7 @@ ap_task_t *ap_task_new(ap_session_t *s, ap_thread_t *th, PyObject *task, ap_ns_t
         goto error;
     if (fresh) {
         int by_loop;
-        t->created = ap_creation_site(s, th, &by_loop);
+        t->created = ap_creation_site(s, th, &by_loop, &t->created_via);
         if (PyErr_Occurred())
             goto error;
         t->parent = th->task ? th->task->id : 0;

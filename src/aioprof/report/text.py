@@ -176,10 +176,15 @@ def _library_path(file: Any) -> str:
 
 
 def _created_at(obj: Any) -> str:
-    """A task's creation site; for one made by no line of the program (by a callback or
-    compiled code, docs/json.md), the name of what made it in parentheses, or "-"."""
+    """A task's creation site, with the library line it was made through beside it
+    (``app.py:12 (via anyio/_backends/_asyncio.py:2665)``); for one made by no line of the
+    program (by a callback or compiled code, docs/json.md), the name of what made it in
+    parentheses, or "-"."""
     if isinstance(obj, dict) and obj.get("line") is None:
         return f"({obj['function']})" if obj.get("function") else "-"
+    via = obj.get("via") if isinstance(obj, dict) else None
+    if isinstance(via, dict) and via.get("file"):
+        return f"{_loc_of(obj)} (via {_library_path(via['file'])}:{via.get('line')})"
     return _loc_of(obj)
 
 
