@@ -223,6 +223,7 @@ typedef struct ap_thread {
      * weight is queued in segments around them (charged: what is queued already). */
     ap_eager_t eager[AP_MAX_EAGER];
     int n_eager;
+    PyObject *cur_ctx;    /* 3.14+, compared only: the context this thread switched to last */
     ap_ns_t nested, charged, seg_start;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
     ap_ns_t io_end;       /* when select last returned in this thread */
