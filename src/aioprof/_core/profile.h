@@ -286,6 +286,8 @@ extern ap_session_t *ap_session;
 void ap_fault(ap_session_t *s, const char *what);
 /* The calling thread's record, created on first use; NULL (and a fault) on no memory. */
 ap_thread_t *ap_thread_get(ap_session_t *s);
+/* This thread's record, or NULL if it has none yet (creates none). */
+ap_thread_t *ap_thread_peek(ap_session_t *s);
 
 /* --- tasks.c --- */
 /* Grow a zero-filled dynamic array so that index n is valid; 0, or -1 (no error set). */

@@ -1224,7 +1224,7 @@ static int eager_ctx_watch(PyContextEvent event, PyObject *ctx)
     ap_session_t *s = ap_session;
     if (!s || s->disabled || event != Py_CONTEXT_SWITCHED || !current_task_fn)
         return 0;
-    ap_thread_t *th = ap_thread_get(s);
+    ap_thread_t *th = ap_thread_peek(s);   /* no record yet: no hook ran here, no handle runs */
     if (!th)
         return 0;
     PyObject *prev = th->cur_ctx;
