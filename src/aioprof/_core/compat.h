@@ -86,6 +86,9 @@ static inline PyObject *ap_weakref_get(PyObject *wr)
 /* Dict watchers (PyDict_AddWatcher), 3.12+: how eager task starts are seen (tasks.c).
  * 3.12 is also where eager tasks appeared. */
 #define AP_HAVE_DICT_WATCH (PY_VERSION_HEX >= 0x030C0000)
+/* 3.14+ keeps the running task in the thread state, not in a dict: eager starts are seen
+ * by a context watcher (PyContext_AddWatcher, Py_CONTEXT_SWITCHED) instead. */
+#define AP_HAVE_CONTEXT_SWITCH_WATCH (PY_VERSION_HEX >= 0x030E0000)
 
 /* The index of a frame's last instruction: public API from 3.11, a struct field before. */
 static inline int ap_frame_lasti(PyFrameObject *f)

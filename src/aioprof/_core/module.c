@@ -39,6 +39,11 @@ void ap_fault(ap_session_t *s, const char *what)
     s->disabled = 1;
 }
 
+ap_thread_t *ap_thread_peek(ap_session_t *s)
+{
+    return tl_thread && tl_gen == s->gen ? tl_thread : NULL;
+}
+
 ap_thread_t *ap_thread_get(ap_session_t *s)
 {
     if (tl_thread && tl_gen == s->gen)

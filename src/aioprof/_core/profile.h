@@ -224,6 +224,7 @@ typedef struct ap_thread {
      * weight is queued in segments around them (charged: what is queued already). */
     ap_eager_t eager[AP_MAX_EAGER];
     int n_eager;
+    PyObject *cur_ctx;    /* 3.14+, compared only: the context this thread switched to last */
     ap_ns_t nested, charged, seg_start;
     ap_ns_t cur_ready;    /* ready time given to wake-ups made by the running handle; -1 = now */
     ap_ns_t io_end;       /* when select last returned in this thread */
@@ -286,6 +287,8 @@ extern ap_session_t *ap_session;
 void ap_fault(ap_session_t *s, const char *what);
 /* The calling thread's record, created on first use; NULL (and a fault) on no memory. */
 ap_thread_t *ap_thread_get(ap_session_t *s);
+/* This thread's record, or NULL if it has none yet (creates none). */
+ap_thread_t *ap_thread_peek(ap_session_t *s);
 
 /* --- tasks.c --- */
 /* Grow a zero-filled dynamic array so that index n is valid; 0, or -1 (no error set). */

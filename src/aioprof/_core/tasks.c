@@ -1130,8 +1130,6 @@ void ap_cpu_charge(ap_session_t *s, ap_thread_t *th, ap_cpu_item_t item, ap_ns_t
 
 #if AP_HAVE_DICT_WATCH
 
-static int watcher_id = -1;
-static PyObject *watched[2];   /* strong: the current-task dicts being watched */
 
 /* The accounting item of what runs now in this thread (a task step, a callback, or the
  * loop itself between handles); 0 if nothing. */
@@ -1224,6 +1222,80 @@ static void eager_end(ap_session_t *s, ap_thread_t *th)
     }
 }
 
+#if AP_HAVE_CONTEXT_SWITCH_WATCH
+
+/* 3.14+: the C Task keeps the running task in the thread state, not in a dict (only
+ * _PyTask still swaps asyncio.tasks._current_tasks, which the dict watcher below sees).
+ * But its eager start makes the task current, then enters the task's context for the
+ * step and leaves it after: context switches, which aioprof's context watcher sees. A
+ * switch to a context while the current task is a task never seen, whose coroutine has
+ * not started, is the start of its eager first step; the switch back to the context that
+ * was current before is its end (the C Task puts the previous task back before leaving
+ * the context: the end is told by the context, not by the task). The common case (a
+ * handle entering or leaving its context) costs one current_task() call, answered from
+ * the thread state. */
+
+static int ctx_watcher_id = -1;
+static PyObject *current_task_fn;   /* strong: _asyncio.current_task */
+
+static int eager_ctx_watch(PyContextEvent event, PyObject *ctx)
+{
+    ap_session_t *s = ap_session;
+    if (!s || s->disabled || event != Py_CONTEXT_SWITCHED || !current_task_fn)
+        return 0;
+    ap_thread_t *th = ap_thread_peek(s);   /* no record yet: no hook ran here, no handle runs */
+    if (!th)
+        return 0;
+    PyObject *prev = th->cur_ctx;
+    th->cur_ctx = ctx;
+    int end = th->n_eager > 0 && th->eager[th->n_eager - 1].prev == ctx;
+    if (!end && (th->depth == 0 || th->n_eager >= AP_MAX_EAGER || !ctx || ctx == Py_None))
+        return 0;   /* eager starts happen inside handles (the loop must be running) */
+    ap_exc_state_t exc;
+    ap_exc_save(&exc);
+    if (end) {
+        eager_end(s, th);
+    } else {
+        PyObject *cur = PyObject_CallNoArgs(current_task_fn);   /* this thread's running task */
+        if (!cur)
+            PyErr_Clear();
+        else if (cur != Py_None && !(th->task && th->task->addr == (uintptr_t)cur) && is_task(s, cur) &&
+                 !ap_task_find(s, cur))
+            eager_begin(s, th, cur, ctx, prev);
+        Py_XDECREF(cur);   /* the task lives on: Task() is running it */
+    }
+    if (PyErr_Occurred())
+        ap_fault(s, "accounting an eager task step");
+    ap_exc_restore(&exc);
+    return 0;
+}
+
+static void ctx_watch_start(void)
+{
+    if (!current_task_fn) {
+        PyObject *m = PyImport_ImportModule("_asyncio");
+        current_task_fn = m ? PyObject_GetAttrString(m, "current_task") : NULL;
+        Py_XDECREF(m);
+        PyErr_Clear();
+        if (!current_task_fn)
+            return;   /* no C asyncio: eager first steps go unseen */
+    }
+    if (ctx_watcher_id < 0 && (ctx_watcher_id = PyContext_AddWatcher(eager_ctx_watch)) < 0)
+        PyErr_Clear();   /* every watcher slot is taken: eager first steps go unseen */
+}
+
+static void ctx_watch_stop(void)
+{
+    if (ctx_watcher_id >= 0 && PyContext_ClearWatcher(ctx_watcher_id) < 0)
+        PyErr_Clear();
+    ctx_watcher_id = -1;
+}
+
+#endif
+
+static int watcher_id = -1;
+static PyObject *watched[2];   /* strong: the current-task dicts being watched */
+
 static int eager_watch(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *value)
 {
     ap_session_t *s = ap_session;
@@ -1252,6 +1324,9 @@ static int eager_watch(PyDict_WatchEvent event, PyObject *dict, PyObject *key, P
 
 int ap_eager_watch_start(ap_session_t *Py_UNUSED(s))
 {
+#if AP_HAVE_CONTEXT_SWITCH_WATCH
+    ctx_watch_start();
+#endif
     if (watcher_id < 0 && (watcher_id = PyDict_AddWatcher(eager_watch)) < 0) {
         PyErr_Clear();   /* every watcher slot is taken: eager first steps go unseen */
         return 0;
@@ -1273,6 +1348,9 @@ int ap_eager_watch_start(ap_session_t *Py_UNUSED(s))
 
 void ap_eager_watch_stop(void)
 {
+#if AP_HAVE_CONTEXT_SWITCH_WATCH
+    ctx_watch_stop();
+#endif
     for (int i = 0; i < 2; i++) {
         if (watched[i] && PyDict_Unwatch(watcher_id, watched[i]) < 0)
             PyErr_Clear();
