@@ -19,7 +19,8 @@ sid_python = $(findstring tools/bin/,$(1))
 SID_TEST_CHECK = $(BUILD_CHECK); import pytest, hypothesis
 # PY=python3.12 means pyenv's 3.12 even where `pyenv global` puts no python3.12 on PATH.
 PYTHON = $(if $(filter python3.%,$(PY)),$(call pyenv_python,$(patsubst python%,%,$(PY))),$(PY))
-PY_VERSIONS ?= 3.10 3.11 3.12 3.13
+# 3.14 and 3.15 through tools/python (Debian sid, set up on first use: docs/interpreters.md).
+PY_VERSIONS ?= 3.10 3.11 3.12 3.13 3.14 3.15
 PYTHONS ?= $(foreach v,$(PY_VERSIONS),$(call pyenv_python,$(v)))
 # ASan and valgrind run on one interpreter each, to stay fast. valgrind uses 3.10, the one
 # on which CPython itself is clean under memcheck (see tools/valgrind.supp for why not 3.11+).

@@ -29,6 +29,8 @@ fi
 
 # gcc provides libasan/libubsan for `make asan`. libc6-dbg only improves valgrind's stacks.
 apt_install make gcc libc6-dev valgrind
+# debootstrap: the root file system of 3.14/3.15 (tools/python), set up by `make deps-all`.
+apt_install debootstrap
 apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)" >&2
 # tests/real/ starts its own PostgreSQL server (initdb + postgres from /usr/lib/postgresql/*/bin,
 # in a temporary directory; the packaged cluster is not used).
