@@ -21,7 +21,9 @@ rm -f "$results/$label.xml" "$results/$label.reruns"
 limit=${PYTEST_TIMEOUT:-900}
 export AIOPROF_TIMING_RERUNS=${AIOPROF_TIMING_RERUNS:-1}
 export AIOPROF_RERUN_LOG=$PWD/$results/$label.reruns
-export AIOPROF_REQUIRE_CASES=1 AIOPROF_REQUIRE_REAL=1
+# AIOPROF_REQUIRE_REAL= (empty, as the Makefile sets it for 3.14/3.15, whose Debian root file
+# system has no wheels of the real programs' packages) lets those programs skip.
+export AIOPROF_REQUIRE_CASES=1 AIOPROF_REQUIRE_REAL=${AIOPROF_REQUIRE_REAL-1}
 
 timeout --kill-after=30 "$limit" "$@" --junitxml="$results/$label.xml" \
     -o junit_family=xunit1 -o faulthandler_timeout=300
