@@ -13,10 +13,8 @@ uvloop = pytest.importorskip("uvloop")
 
 # Under ASan or valgrind the program runs many times slower: timing bounds scale up.
 SLACK = 10 if os.environ.get("AIOPROF_SANITIZER") else 1
-# seconds: how much longer than the program's own clock saw them aioprof may find a step
-# (a loaded machine can stop the process between aioprof's step start/end and the code),
-# and the clock reads around the program's own measurements
-LATE, EPS = 0.05 * SLACK, 0.001
+# seconds: the clock reads around the program's own measurements
+EPS = 0.001
 
 # The program's own clock: perf_counter before the gather, and per blocker the times at
 # the start and end of each of its two steps.
@@ -35,7 +33,18 @@ async def blocker(i):
 async def main():
     OWN.clear()
     OWN["gather"] = time.perf_counter()
-    return await asyncio.gather(*(blocker(i) for i in (1, 2, 3)))  # [GATHER]
+    result = await asyncio.gather(*(blocker(i) for i in (1, 2, 3)))  # [GATHER]
+    OWN["done"] = time.perf_counter()
+    return result
+
+
+def room(step, stamps):
+    """The longest a step can have lasted, by the program's own clock: the steps of one
+    loop never overlap, so it lies between the other steps' stamps around its own."""
+    mine = [t for t, s in stamps if s == step]
+    before = max(t for t, s in stamps if s != step and t < min(mine))
+    after = min(t for t, s in stamps if s != step and t > max(mine))
+    return after - before
 
 
 def line(marker, fn):
@@ -62,17 +71,22 @@ def test_task_figures_under_uvloop():
     doc = p.stats()
     tasks = [t for t in doc["tasks"] if t["coroutine"] == "blocker"]
     assert len(tasks) == 3
+    stamps = [(OWN["gather"], "main"), (OWN["done"], "main end")] + [
+        (t, (i, 1 if n < 2 else 2)) for i in (1, 2, 3) for n, t in enumerate(OWN[i])]
     for i, t in enumerate(tasks, 1):
         assert t["steps"] == 2 and t["state"] == "done"
-        # Against the program's own clock: a busy machine only makes a step longer.
+        # Against the program's own clock: a busy machine only makes a step longer than
+        # the program saw it (a stop before its first line or after its last), and never
+        # longer than the room the other steps' stamps leave it.
         start, slept, resumed = OWN[i]
         assert slept - start >= 0.02 * i
-        assert slept - start - EPS <= t["busy_s"] <= slept - start + LATE, (i, t, OWN)
+        most = room((i, 1), stamps) + room((i, 2), stamps)
+        assert slept - start - EPS <= t["busy_s"] <= most + EPS, (i, t, OWN)
         # Each waits behind the blocking first steps of the ones before it, and no longer
         # than from the gather to its first step plus its wake-up to its second step.
         before = sum(OWN[j][1] - OWN[j][0] for j in range(1, i))
-        most = (start - OWN["gather"]) + (resumed - slept - t["idle_s"])
-        assert before - EPS <= t["scheduled_s"] <= most + EPS, (i, t, OWN)
+        wait = (start - OWN["gather"]) + (resumed - slept - t["idle_s"])
+        assert before - EPS <= t["scheduled_s"] <= wait + EPS, (i, t, OWN)
         assert t["idle_s"] >= 0.05 - EPS, (i, t)
         assert t["created_at"]["line"] == line("# [GATHER]", main)
         (site,) = t["await_sites"]
@@ -222,6 +236,7 @@ def both_loops():
             loop.close()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", ["asyncio", "uvloop"])
 def test_utilization_matches_the_programs_busy_share(both_loops, name):
     """Same workload on both loops: utilization within the program's own busy share and
@@ -230,6 +245,8 @@ def test_utilization_matches_the_programs_busy_share(both_loops, name):
     share = busy / wall
     steps = WORKERS * (ROUNDS + 1) + 1
     upper = (busy + steps * STEP_ALLOWANCE) / wall
-    assert share - 0.01 <= stats["utilization"] <= upper + 0.01, (name, share, stats)
+    # Above, 6% more of the wall time: a loaded machine can stop the process between the
+    # loop's step start or end and the worker's own clock reads, which only the loop sees.
+    assert share - 0.01 <= stats["utilization"] <= upper + 0.06, (name, share, stats)
     assert stats["busy_s"] >= busy * 0.99, (name, busy, stats)
     assert 0 < stats["load"] <= 1
