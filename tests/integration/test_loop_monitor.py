@@ -7,14 +7,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 import aioprof
 from aioprof import _core
 
-# Under ASan or valgrind everything runs many times slower: timings get no tight bounds.
-SANITIZER = bool(os.environ.get("AIOPROF_SANITIZER"))
 
 EVENTS = ("loop_start", "tick_start", "io_start", "io_end", "tick_end", "loop_stop")
 
@@ -30,14 +29,24 @@ class Recorder:
 
 
 @pytest.mark.sanitize
+@pytest.mark.timing
 def test_events_in_order_with_arguments():
     loop = asyncio.new_event_loop()
     rec = Recorder()
+    selects = []   # (timeout, the program's monotonic clock at io_start)
+    slept = []     # the program's monotonic clock when it asked for the 10 ms sleep
+
+    class Stamps:
+        def io_start(self, timeout):
+            selects.append((timeout, time.monotonic()))
+
     try:
         with aioprof.LoopMonitor(loop) as mon:
             mon.add_observer(rec)
+            mon.add_observer(Stamps())
 
             async def main():
+                slept.append(time.monotonic())
                 await asyncio.sleep(0.01)
                 return 42
 
@@ -54,10 +63,13 @@ def test_events_in_order_with_arguments():
         assert body[i:i + 4] == ["tick_start", "io_start", "io_end", "tick_end"]
     io_starts = [e for e in rec.events if e[0] == "io_start"]
     io_ends = [e for e in rec.events if e[0] == "io_end"]
-    # The 10 ms sleep shows up as a select timeout of at most 10 ms, and io_end repeats it.
-    low = 0.0 if SANITIZER else 0.001   # a slow run may reach select with the timer nearly due
-    assert any(t is not None and low < t <= 0.0101 for (_, t) in io_starts) or (
-        SANITIZER and any(t is not None and t <= 0.0101 for (_, t) in io_starts))
+    # The 10 ms sleep shows up as a select timeout of at most 10 ms, and no less than what
+    # was left of it when the program's own clock (the observer) saw select begin: a slow
+    # run reaches select with the timer nearly due, or due (timeout 0). io_end repeats it.
+    assert [t for (t, _) in selects] == [e[1] for e in io_starts]
+    assert any(t is not None and stamp >= slept[0] and
+               max(0.0, 0.01 - (stamp - slept[0])) - 1e-6 <= t <= 0.0101
+               for (t, stamp) in selects), (selects, slept)
     assert [e[1] for e in io_ends] == [e[1] for e in io_starts]
     assert all(isinstance(n, int) and n >= 0 for (_, _, n) in io_ends)
     tick_ends = [e[1] for e in rec.events if e[0] == "tick_end"]

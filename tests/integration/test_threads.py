@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -22,7 +22,7 @@ import aioprof
 from aioprof import _core
 
 SANITIZER = os.environ.get("AIOPROF_SANITIZER", "")
-TOL = 0.015   # seconds: real sleeps, a loaded machine
+EPS = 0.001   # seconds: clock reads around the program's own measurement
 
 
 @pytest.fixture(autouse=True)
@@ -43,20 +43,20 @@ def user_tasks(stats: dict, thread: int) -> List[dict]:
     return [t for t in stats["tasks"] if t["thread"] == thread and not t["internal"]]
 
 
-def assert_close(value: float, expected: float, what: str) -> None:
-    if SANITIZER:   # ASan / valgrind: only the lower bound means anything
-        assert value >= expected - TOL, f"{what}: {value:.4f}s, expected >= {expected - TOL:.4f}s"
-    else:
-        assert abs(value - expected) <= TOL, f"{what}: {value:.4f}s, expected {expected:.4f}s +/- {TOL}s"
-
-
-async def _thread_main(i: int) -> int:
+async def _thread_main(i: int) -> Tuple[int, float, float]:
+    """Return i, the time the program saw in its two steps, and the time it saw from the
+    first step's last line to the second step's first (the wait, and the steps' edges)."""
+    t0 = time.perf_counter()
+    t1 = time.perf_counter()
     await asyncio.sleep(0.01)            # idle, about 10 ms
+    t2 = time.perf_counter()
     time.sleep(0.02 * (i + 1))           # busy: blocks this thread's loop only
-    return i
+    t3 = time.perf_counter()
+    return i, (t1 - t0) + (t3 - t2), t2 - t1
 
 
 @pytest.mark.sanitize
+@pytest.mark.timing
 def test_three_threads_each_with_its_own_loop() -> None:
     barrier = threading.Barrier(3)
     results: Dict[int, Any] = {}
@@ -65,7 +65,9 @@ def test_three_threads_each_with_its_own_loop() -> None:
     def worker(i: int) -> None:
         try:
             barrier.wait(timeout=30)
-            results[i] = (threading.get_ident(), asyncio.run(_thread_main(i)))
+            t0 = time.perf_counter()
+            result = asyncio.run(_thread_main(i))
+            results[i] = (threading.get_ident(), result, time.perf_counter() - t0)
         except BaseException as exc:  # noqa: B902 - reported by the main thread
             errors.append(exc)
 
@@ -76,7 +78,7 @@ def test_three_threads_each_with_its_own_loop() -> None:
         for th in threads:
             th.join(60)
     assert errors == []
-    assert sorted(r[1] for r in results.values()) == [0, 1, 2]
+    assert sorted(r[1][0] for r in results.values()) == [0, 1, 2]
     stats = p.stats()
     assert stats["warnings"] == []
     idents = {i: results[i][0] for i in range(3)}
@@ -94,8 +96,16 @@ def test_three_threads_each_with_its_own_loop() -> None:
         [task] = user_tasks(stats, tid)
         assert short_name(task["coroutine"]) == "_thread_main"
         assert task["state"] == "done" and task["steps"] == 2
-        assert_close(task["busy_s"], 0.02 * (i + 1), f"busy of thread {i}'s task")
-        assert_close(task["idle_s"], 0.01, f"idle of thread {i}'s task")
+        _, own_busy, own_wait = results[i][1]
+        assert own_busy >= 0.02 * (i + 1)
+        # Against the program's own clock: a busy machine only makes a step longer than the
+        # program saw (GIL and CPU waits at its edges, which only aioprof sees: above, the
+        # bound is the thread's whole asyncio.run), and the wait only longer than 10 ms.
+        life = task["end_s"] - task["start_s"]
+        assert own_busy - EPS <= task["busy_s"] <= life <= results[i][2] + EPS, (
+            i, task, own_busy, results[i][2])
+        assert 0.01 - EPS <= task["idle_s"] <= own_wait + EPS, (i, task, own_wait)
+        assert task["idle_s"] + task["scheduled_s"] <= own_wait + EPS, (i, task, own_wait)
         assert task["busy_s"] + task["scheduled_s"] + task["idle_s"] == pytest.approx(
             task["end_s"] - task["start_s"], abs=1e-6)
         # the internal tasks of this thread's asyncio.run are this thread's too
@@ -105,7 +115,8 @@ def test_three_threads_each_with_its_own_loop() -> None:
         assert loop["ticks"] > 0
     row = [c for c in stats["coroutines"] if short_name(c["coroutine"]) == "_thread_main"]
     assert len(row) == 1 and row[0]["tasks"] == 3 and row[0]["steps"] == 6
-    assert_close(row[0]["busy_s"], 0.12, "busy of the _thread_main row")
+    assert row[0]["busy_s"] == pytest.approx(sum(t["busy_s"] for t in stats["tasks"]
+                                                 if not t["internal"]), abs=1e-6)
 
 
 async def _remote(n: int) -> int:

@@ -13,16 +13,38 @@ uvloop = pytest.importorskip("uvloop")
 
 # Under ASan or valgrind the program runs many times slower: timing bounds scale up.
 SLACK = 10 if os.environ.get("AIOPROF_SANITIZER") else 1
+# seconds: the clock reads around the program's own measurements
+EPS = 0.001
+
+# The program's own clock: perf_counter before the gather, and per blocker the times at
+# the start and end of each of its two steps.
+OWN = {}
 
 
 async def blocker(i):
+    t0 = time.perf_counter()
     time.sleep(0.02 * i)
+    t1 = time.perf_counter()
     await asyncio.sleep(0.05)  # [AWAIT]
+    OWN[i] = (t0, t1, time.perf_counter())
     return i
 
 
 async def main():
-    return await asyncio.gather(*(blocker(i) for i in (1, 2, 3)))  # [GATHER]
+    OWN.clear()
+    OWN["gather"] = time.perf_counter()
+    result = await asyncio.gather(*(blocker(i) for i in (1, 2, 3)))  # [GATHER]
+    OWN["done"] = time.perf_counter()
+    return result
+
+
+def room(step, stamps):
+    """The longest a step can have lasted, by the program's own clock: the steps of one
+    loop never overlap, so it lies between the other steps' stamps around its own."""
+    mine = [t for t, s in stamps if s == step]
+    before = max(t for t, s in stamps if s != step and t < min(mine))
+    after = min(t for t, s in stamps if s != step and t > max(mine))
+    return after - before
 
 
 def line(marker, fn):
@@ -39,6 +61,7 @@ def run_uvloop(coro_fn):
 
 
 @pytest.mark.sanitize
+@pytest.mark.timing
 def test_task_figures_under_uvloop():
     assert "call_soon" not in uvloop.Loop.__dict__
     with aioprof.Profiler() as p:
@@ -48,11 +71,23 @@ def test_task_figures_under_uvloop():
     doc = p.stats()
     tasks = [t for t in doc["tasks"] if t["coroutine"] == "blocker"]
     assert len(tasks) == 3
+    stamps = [(OWN["gather"], "main"), (OWN["done"], "main end")] + [
+        (t, (i, 1 if n < 2 else 2)) for i in (1, 2, 3) for n, t in enumerate(OWN[i])]
     for i, t in enumerate(tasks, 1):
         assert t["steps"] == 2 and t["state"] == "done"
-        assert t["busy_s"] == pytest.approx(0.02 * i, abs=0.015 * SLACK)
-        # Each waits behind the blocking first steps of the ones before it.
-        assert t["scheduled_s"] == pytest.approx(0.02 * (i - 1) * i / 2, abs=0.02 * SLACK)
+        # Against the program's own clock: a busy machine only makes a step longer than
+        # the program saw it (a stop before its first line or after its last), and never
+        # longer than the room the other steps' stamps leave it.
+        start, slept, resumed = OWN[i]
+        assert slept - start >= 0.02 * i
+        most = room((i, 1), stamps) + room((i, 2), stamps)
+        assert slept - start - EPS <= t["busy_s"] <= most + EPS, (i, t, OWN)
+        # Each waits behind the blocking first steps of the ones before it, and no longer
+        # than from the gather to its first step plus its wake-up to its second step.
+        before = sum(OWN[j][1] - OWN[j][0] for j in range(1, i))
+        wait = (start - OWN["gather"]) + (resumed - slept - t["idle_s"])
+        assert before - EPS <= t["scheduled_s"] <= wait + EPS, (i, t, OWN)
+        assert t["idle_s"] >= 0.05 - EPS, (i, t)
         assert t["created_at"]["line"] == line("# [GATHER]", main)
         (site,) = t["await_sites"]
         assert site["line"] == line("# [AWAIT]", blocker) and site["count"] == 1
@@ -201,6 +236,7 @@ def both_loops():
             loop.close()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", ["asyncio", "uvloop"])
 def test_utilization_matches_the_programs_busy_share(both_loops, name):
     """Same workload on both loops: utilization within the program's own busy share and
@@ -209,6 +245,8 @@ def test_utilization_matches_the_programs_busy_share(both_loops, name):
     share = busy / wall
     steps = WORKERS * (ROUNDS + 1) + 1
     upper = (busy + steps * STEP_ALLOWANCE) / wall
-    assert share - 0.01 <= stats["utilization"] <= upper + 0.01, (name, share, stats)
+    # Above, 6% more of the wall time: a loaded machine can stop the process between the
+    # loop's step start or end and the worker's own clock reads, which only the loop sees.
+    assert share - 0.01 <= stats["utilization"] <= upper + 0.06, (name, share, stats)
     assert stats["busy_s"] >= busy * 0.99, (name, busy, stats)
     assert 0 < stats["load"] <= 1
