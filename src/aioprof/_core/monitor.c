@@ -314,6 +314,9 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     ap_ns_t now = ap_clock_wall(), dt = now - m->updated;
     double load = m->load;
     ap_ns_t step_busy = m->step_busy;
+    /* Read inside a tick (from a handle): the tick so far is part of the wall, as the
+     * select it may have waited in is already part of the select wait. */
+    ap_ns_t wall = m->wall + (m->in_tick && now > m->tick_t0 ? now - m->tick_t0 : 0);
     if (m->stepped) {
         /* Called from a task step of this loop (a request handler): busy since it began. */
         if (m->in_step) {
@@ -335,7 +338,7 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     }
     return Py_BuildValue("{s:d,s:O,s:L,s:K,s:L,s:L,s:L,s:L,s:K,s:K,s:K,s:O}", "load", load,
                          "stepped", m->stepped ? Py_True : Py_False, "step_busy_ns", (long long)step_busy,
-                         "steps", (unsigned long long)m->steps, "wall_ns", (long long)m->wall,
+                         "steps", (unsigned long long)m->steps, "wall_ns", (long long)wall,
                          "select_wait_ns", (long long)m->select_wait, "select_capped_ns",
                          (long long)m->select_capped, "age_ns", (long long)(now - m->created), "ticks",
                          (unsigned long long)m->ticks, "select_calls", (unsigned long long)m->select_calls,

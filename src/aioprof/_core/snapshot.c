@@ -276,7 +276,8 @@ static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l)
          * call_soon to the end of the last step. */
         PyObject *none = Py_None;
         ap_ns_t span = l->last_tick_end - l->first_seen;
-        PyObject *util = span > 0 ? PyFloat_FromDouble((double)l->step_busy / (double)span) : Py_NewRef(none);
+        PyObject *util = span > 0 && !l->folded ? PyFloat_FromDouble((double)l->step_busy / (double)span)
+                                                : Py_NewRef(none);   /* a group's spans hold the gaps */
         return dict_of(27, "id", u64(l->id), "type", Py_NewRef(l->type_name),
                        "thread", PyLong_FromUnsignedLong(l->thread), "ticks", Py_NewRef(none),
                        "handles", u64(l->handles), "select_calls", Py_NewRef(none),
