@@ -148,7 +148,7 @@ def test_call_tree_text_view(run_aioprof, tmp_path):
     own_heavy, own_light, upto_heavy, upto_light = (float(x) * 1e3 for x in proc.stdout.split())
     lines = out.read_text(encoding="utf-8").splitlines()
     [header] = [line for line in lines if line.startswith("Sampled on-loop time by call stack: ")]
-    total = float(re.fullmatch(r".*, ([0-9.]+) ms", header).group(1))
+    total = float(re.match(r"Sampled on-loop time by call stack: ([0-9.]+) ms in ", header).group(1))
     rows = {line.split("  ")[-1].strip(): line.split() for line in lines
             if "(split.py:" in line or "[task main]" in line}
     heavy, light = rows["heavy (split.py:9)"], rows["light (split.py:12)"]
