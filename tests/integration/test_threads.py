@@ -105,7 +105,9 @@ def test_three_threads_each_with_its_own_loop() -> None:
         assert own_busy - EPS <= task["busy_s"] <= life <= results[i][2] + EPS, (
             i, task, own_busy, results[i][2])
         assert 0.01 - EPS <= task["idle_s"] <= own_wait + EPS, (i, task, own_wait)
-        assert task["idle_s"] + task["scheduled_s"] <= own_wait + EPS, (i, task, own_wait)
+        # No bound on idle + scheduled from own_wait: scheduled also holds the wait from the
+        # task's creation to its first step, which the program cannot see (9 ms under
+        # valgrind). The three times add up to the task's life:
         assert task["busy_s"] + task["scheduled_s"] + task["idle_s"] == pytest.approx(
             task["end_s"] - task["start_s"], abs=1e-6)
         # the internal tasks of this thread's asyncio.run are this thread's too

@@ -20,6 +20,7 @@ interval, with slack only on the side a loaded machine cannot push (docs/testing
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -57,9 +58,17 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+@functools.lru_cache(maxsize=None)
+def _importable(module: str) -> bool:
+    """Found, and imports: checked in a child, so this process imports nothing (a package
+    found but built for another version, as Debian's uvloop on 3.15, counts as missing)."""
+    return importlib.util.find_spec(module) is not None and subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
 def need(*modules: str) -> None:
     """Skip (saying which) when a package the program needs is not installed."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    missing = [m for m in modules if not _importable(m)]
     if missing:
         skip_or_fail(f"not installed for {sys.executable}: {', '.join(missing)} "
                      f"(tests/requirements.txt; make deps)")
