@@ -25,6 +25,8 @@ PROGRAMS = {
     "asyncpg": ("asyncpg_pg_sleep.py", ("asyncpg",), {}, None, 3),
     "anyio": ("anyio_jobs.py", ("anyio",), {}, 1, 3),
     "nest_asyncio": ("nest_asyncio_nested.py", ("nest_asyncio",), {}, 1, 3),
+    "django": ("django_uvicorn.py", ("django", "uvicorn", "httpx"), {}, 1, 3),
+    "grpc": ("grpc_aio.py", ("grpc",), {}, 1, 3),
 }
 
 # (program, test) -> (condition, reason): the known gaps, as strict xfails.
@@ -88,3 +90,8 @@ def test_creation_sites(run, request):
     if run.name == "anyio":   # made inside anyio: the library's line beside the program's
         vias = [(t["created_at"]["via"] or {}).get("file") or "" for t in run.created_at("SPAWN")]
         assert all("/anyio/" in f.replace("\\", "/") for f in vias), vias
+    if run.name == "grpc":    # handler tasks made by grpc's compiled code (issue 7 item 19)
+        assert [t["coroutine"] for t in run.created_at("RUN")] == ["main"]
+        sites = [t["created_at"] or {} for t, _, _ in run.through("IDLE")]
+        assert len(sites) == 3 and all(s.get("line") is None and s.get("function")
+                                       and not run.is_program(s.get("file")) for s in sites), sites

@@ -6,13 +6,11 @@ The program measures each interval itself (perf_counter) and writes the figures 
 JSON file named by argv[1]; stdout gets the responses only.
 """
 import asyncio
-import socket
 import time
 
-import httpx
-import uvicorn
 from fastapi import FastAPI
 from _costs import Costs
+from _uvicorn_httpx import serve_and_get
 
 SLEEP, BLOCK, N = 0.2, 0.05, 3
 app = FastAPI()
@@ -33,23 +31,4 @@ async def work(i: int):
     return {"i": i, "ok": True}
 
 
-async def main():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))  # [SERVE]
-    while not server.started:
-        await asyncio.sleep(0.01)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-        for i in range(N):
-            with costs.roundtrip(i):
-                r = await client.get(f"/work/{i}")
-            print(r.status_code, r.json())
-    await asyncio.gather(*spawned)
-    server.should_exit = True
-    await serving
-    costs.write()
-
-
-asyncio.run(main())
+asyncio.run(serve_and_get(app, costs, N, spawned))
