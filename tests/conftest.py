@@ -18,6 +18,7 @@ See docs/testing.md.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -117,6 +118,14 @@ def _import_root() -> Path:
     if spec is None or not spec.submodule_search_locations:
         return REPO / "src"
     return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+@functools.lru_cache(maxsize=None)
+def importable(module: str) -> bool:
+    """Found, and imports: checked in a child, so this process imports nothing (a package
+    found but built for another version, as Debian's uvloop on 3.15, counts as missing)."""
+    return importlib.util.find_spec(module) is not None and subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
 RunAioprof = Callable[..., "subprocess.CompletedProcess[str]"]

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import _import_root
+from conftest import _import_root, importable
 
 
 def run_python(source: str, *argv: str, flags: tuple = ()) -> "subprocess.CompletedProcess[str]":
@@ -64,10 +64,8 @@ UVLOOP_LATER = """\
 """
 
 
-# Found is not enough: Debian's uvloop is found on 3.15 but built for 3.14 only. Checked in
-# a child, so this process imports no uvloop.
-UVLOOP = importlib.util.find_spec("uvloop") is not None and subprocess.run(
-    [sys.executable, "-c", "import uvloop"], capture_output=True).returncode == 0
+# Found is not enough: Debian's uvloop is found on 3.15 but built for 3.14 only.
+UVLOOP = importable("uvloop")
 
 
 @pytest.mark.skipif(not UVLOOP, reason="needs uvloop that imports here")

@@ -20,8 +20,6 @@ interval, with slack only on the side a loaded machine cannot push (docs/testing
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import os
 import re
@@ -33,6 +31,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
+from conftest import _import_root as import_root, importable
+
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
 REPO = HERE.parents[1]
@@ -40,13 +40,6 @@ REPO = HERE.parents[1]
 EARLY = 0.015   # idle starts when the suspending step ends, a little after the timer was set
 AFTER = 0.002   # aioprof's idle may end this much after the program's own clock read
 STEP_SLACK = 0.020  # steps of the handler's task that run after the client has its answer
-
-
-def import_root() -> Path:
-    spec = importlib.util.find_spec("aioprof")
-    if spec is None or not spec.submodule_search_locations:
-        return REPO / "src"
-    return Path(list(spec.submodule_search_locations)[0]).parent
 
 
 def skip_or_fail(reason: str) -> None:
@@ -58,17 +51,9 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
-@functools.lru_cache(maxsize=None)
-def _importable(module: str) -> bool:
-    """Found, and imports: checked in a child, so this process imports nothing (a package
-    found but built for another version, as Debian's uvloop on 3.15, counts as missing)."""
-    return importlib.util.find_spec(module) is not None and subprocess.run(
-        [sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
-
-
 def need(*modules: str) -> None:
     """Skip (saying which) when a package the program needs is not installed."""
-    missing = [m for m in modules if not _importable(m)]
+    missing = [m for m in modules if not importable(m)]
     if missing:
         skip_or_fail(f"not installed for {sys.executable}: {', '.join(missing)} "
                      f"(tests/requirements.txt; make deps)")
