@@ -187,3 +187,74 @@ def shared_cases() -> Path:
     if os.environ.get("AIOPROF_CASES") or os.environ.get("AIOPROF_REQUIRE_CASES"):
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg)
+
+
+# ---------------------------------------------------------------- a real pprof reader
+
+class PprofRaw:
+    """A pprof file as `go tool pprof -raw` (Debian's golang-go) reads it back.
+
+    ``types``: the sample types, e.g. ["cpu/nanoseconds", ...]; ``samples``: a list of
+    (values, stack as [(function, file, line)] leaf first, labels {key: value}).
+    """
+
+    def __init__(self, types: List[str], samples: list) -> None:
+        self.types, self.samples = types, samples
+
+    def total(self, kind: str) -> int:
+        i = self.types.index(kind + "/nanoseconds")
+        return sum(values[i] for values, _, _ in self.samples)
+
+    def flat(self, kind: str, function: str, line: Optional[int] = None, **labels: str) -> int:
+        """The sum of `kind` over samples whose leaf is `function` (at `line`) and whose
+        labels include `labels`."""
+        i = self.types.index(kind + "/nanoseconds")
+        return sum(values[i] for values, stack, have in self.samples
+                   if stack and stack[0][0] == function and (line is None or stack[0][2] == line)
+                   and all(have.get(k) == v for k, v in labels.items()))
+
+
+def go_pprof(*args: Union[str, os.PathLike]) -> str:
+    """The stdout of `go tool pprof ARGS`; skips when go is missing (fails under make test,
+    AIOPROF_REQUIRE_REAL, where tools/install-deps.sh installs golang-go)."""
+    import shutil
+
+    go = shutil.which("go") or ("/usr/lib/go/bin/go" if os.path.exists("/usr/lib/go/bin/go") else None)
+    if go is None:
+        reason = "go is not installed (Debian package golang-go): no real pprof reader"
+        if os.environ.get("AIOPROF_REQUIRE_REAL"):
+            pytest.fail(reason + " (AIOPROF_REQUIRE_REAL is set)", pytrace=False)
+        pytest.skip(reason)
+    env = dict(os.environ, HOME=os.environ.get("HOME") or "/tmp", PPROF_TMPDIR="/tmp")
+    done = subprocess.run([go, "tool", "pprof", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def read_pprof(path: Union[str, os.PathLike]) -> PprofRaw:
+    """Read a pprof file with `go tool pprof -raw` and parse what it prints."""
+    import re
+
+    out = go_pprof("-raw", path)
+    lines = out.splitlines()
+    start = lines.index("Samples:")
+    types = [t.replace("[dflt]", "") for t in lines[start + 1].split()]
+    locations: Dict[int, tuple] = {}
+    at = lines.index("Locations")
+    for line in lines[at + 1:]:
+        if line == "Mappings":
+            break
+        m = re.match(r"^\s*(\d+): 0x0 M=\d+ (.*) (\S*):(\d+) s=\d+$", line)
+        assert m, line
+        locations[int(m.group(1))] = (m.group(2), m.group(3), int(m.group(4)))
+    samples: list = []
+    for line in lines[start + 2:at]:
+        if ":" in line and re.match(r"^\s*-?\d+(\s+-?\d+)*:", line):
+            values, ids = line.split(":", 1)
+            samples.append(([int(v) for v in values.split()],
+                            [locations[int(i)] for i in ids.split()], {}))
+        elif line.strip():
+            for key, value in re.findall(r"(\w+):\[(.*?)\]", line):
+                samples[-1][2][key] = value
+    return PprofRaw(types, samples)

@@ -35,4 +35,6 @@ apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)"
 # tests/real/ starts its own PostgreSQL server (initdb + postgres from /usr/lib/postgresql/*/bin,
 # in a temporary directory; the packaged cluster is not used).
 apt_install postgresql
+# tests/*/test_*pprof*.py read the pprof profiles back with `go tool pprof` (a real reader).
+apt_install golang-go
 "${MAKE:-make}" --no-print-directory deps-all

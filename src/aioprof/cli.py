@@ -109,8 +109,9 @@ def _parser() -> _Parser:
                    help="write the report to FILE (UTF-8) instead of stderr; - for stdout")
     p.add_argument("--format", choices=report.FORMATS, default="text",
                    help="text tables (default), the JSON document of docs/json.md, folded "
-                        "stacks for flame graphs (collapsed) or Chrome trace-event JSON "
-                        "for Perfetto (trace)")
+                        "stacks for flame graphs (collapsed), Chrome trace-event JSON "
+                        "for Perfetto (trace) or a gzipped pprof profile for go tool "
+                        "pprof, Pyroscope and Parca (pprof; binary, needs -o)")
     p.add_argument("--flame", choices=report.FLAMES, default="cpu",
                    help="with --format collapsed: sampled on-loop time (cpu, default), "
                         "await time (idle) or both (wall), in microseconds")
@@ -506,7 +507,8 @@ def _interval_ms(opts: argparse.Namespace) -> float:
     """--interval, or its default: sampling on only for the views made of samples."""
     if opts.interval is not None:
         return opts.interval
-    wants_samples = (opts.format == "collapsed" and opts.flame in ("cpu", "wall")) or opts.by == "stack"
+    wants_samples = ((opts.format == "collapsed" and opts.flame in ("cpu", "wall"))
+                     or opts.format == "pprof" or opts.by == "stack")
     return 1.0 if wants_samples else 0.0
 
 
@@ -523,6 +525,19 @@ def _check(opts: argparse.Namespace) -> None:
     if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
         raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
                      f"turns sampling off")
+    _check_binary(opts.format, opts.output)
+
+
+def _check_binary(format: str, output: Optional[str]) -> None:
+    """A binary format goes to -o FILE, or to -o - when stdout is not a terminal (raises
+    _Error), never to stderr."""
+    if format not in report.BINARY_FORMATS:
+        return
+    if output is None:
+        raise _Error(f"--format {format} is binary: give -o FILE (or -o - into a pipe)")
+    if output == "-" and report._is_terminal(sys.stdout):
+        raise _Error(f"--format {format} is binary: not written to a terminal; give -o FILE "
+                     f"or pipe stdout")
 
 
 def _given(options: Sequence[str]) -> List[str]:

@@ -7,8 +7,10 @@ assembles the JSON document described in docs/json.md.
 from __future__ import annotations
 
 import atexit
+import os
 import platform
 import sys
+import time
 import warnings
 from typing import IO, Any, Optional
 
@@ -227,6 +229,7 @@ class Profiler:
         self.cpu_window_ms = float(cpu_window_ms)
         self.slow_ms = float(slow_ms)
         self._final: Optional[dict] = None
+        self._start_unix_s = 0.0
         self._running = False
         self._uvloop: Optional[_UvloopWatch] = None
 
@@ -245,6 +248,7 @@ class Profiler:
             sys.meta_path.insert(0, self._uvloop)
         self._running = True
         self._final = None
+        self._start_unix_s = time.time()
         # The sampler thread must not outlive the interpreter: stop at exit at the latest.
         atexit.register(self.stop)
         return self
@@ -259,7 +263,7 @@ class Profiler:
                 self._uvloop = None
             _core = load_core()
 
-            self._final = self._document(_core.stop())
+            self._final = self._document(_core.stop(), self._start_unix_s)
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
@@ -284,22 +288,23 @@ class Profiler:
         after stop(), the final snapshot. Raises RuntimeError if never started.
         """
         if self._running:
-            return self._document(load_core().snapshot())
+            return self._document(load_core().snapshot(), self._start_unix_s)
         if self._final is None:
             raise RuntimeError("this Profiler was never started")
         return self._final
 
-    def report(self, format: str = "text", file: Optional[IO[str]] = None, *,
+    def report(self, format: str = "text", file: Optional[IO] = None, *,
                sort: str = "busy", limit: Optional[int] = None, by: str = "coroutine",
                show_internal: bool = False, width: Optional[int] = None,
                flame: str = "cpu") -> None:
         """Write the report to `file` (default sys.stderr), as `aioprof.report.write`.
 
         format: "text" (tables), "json" (docs/json.md), "collapsed" (folded stacks of
-        the `flame` "cpu", "idle" or "wall") or "trace" (Chrome trace events). sort,
-        limit, by, show_internal and width shape the text report (see
-        `aioprof.report.text`). Raises ValueError for an unknown format, sort, by or
-        flame.
+        the `flame` "cpu", "idle" or "wall"), "trace" (Chrome trace events) or "pprof"
+        (a gzipped pprof profile, binary: `file` is a binary file, or a text file whose
+        ``buffer`` gets the bytes; never a terminal). sort, limit, by, show_internal and
+        width shape the text report (see `aioprof.report.text`). Raises ValueError for an
+        unknown format, sort, by or flame, or pprof to a terminal.
         """
         from aioprof import report as _report
 
@@ -313,8 +318,9 @@ class Profiler:
 
     # -- internals ----------------------------------------------------------------
     @staticmethod
-    def _document(raw: dict) -> dict:
-        doc = {"aioprof": 1, "python": platform.python_version()}
+    def _document(raw: dict, start_unix_s: float) -> dict:
+        doc = {"aioprof": 1, "python": platform.python_version(), "pid": os.getpid(),
+               "start_unix_s": start_unix_s}
         doc.update(_to_seconds(raw))
         doc["loop_notes"] = _loop_notes()
         return doc

@@ -3,19 +3,22 @@
 ``text`` turns the document into tables for a terminal (`aioprof.report.text`);
 ``json`` writes the document itself; ``collapsed`` writes folded stacks for flame graphs
 (`aioprof.report.collapsed`); ``trace`` writes Chrome trace-event JSON
-(`aioprof.report.trace`). See docs/stacks.md.
+(`aioprof.report.trace`); ``pprof`` writes a gzipped pprof profile (`aioprof.report.pprof`,
+binary). See docs/stacks.md.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import IO, Optional
 
-from aioprof.report import collapsed, text, trace
+from aioprof.report import collapsed, pprof, text, trace
 
-__all__ = ["FLAMES", "FORMATS", "SORTS", "VIEWS", "write"]
+__all__ = ["BINARY_FORMATS", "FLAMES", "FORMATS", "SORTS", "VIEWS", "write"]
 
-FORMATS = ("text", "json", "collapsed", "trace")
+FORMATS = ("text", "json", "collapsed", "trace", "pprof")
+BINARY_FORMATS = ("pprof",)
 SORTS = text.SORTS
 VIEWS = text.VIEWS
 FLAMES = collapsed.FLAMES
@@ -32,10 +35,11 @@ def check_options(*, format: str = "text", sort: str = "busy", limit: Optional[i
     text.check_options(sort=sort, limit=limit, by=by, width=width)
 
 
-def write(doc: dict, *, format: str = "text", file: IO[str], sort: str = "busy",
+def write(doc: dict, *, format: str = "text", file: IO, sort: str = "busy",
           limit: Optional[int] = None, by: str = "coroutine", show_internal: bool = False,
           width: Optional[int] = None, flame: str = "cpu") -> None:
-    """Write the report document `doc` to the text stream `file`.
+    """Write the report document `doc` to the text stream `file` (format "pprof": a binary
+    stream, or a text stream's ``buffer``).
 
     format "json": the document itself (``json.dump`` with indent=1, then a newline);
     sort, limit, by, show_internal and width are checked but do not change it.
@@ -46,14 +50,20 @@ def write(doc: dict, *, format: str = "text", file: IO[str], sort: str = "busy",
     `flame` ("cpu", the default, "idle" or "wall").
     format "trace": ``json.dump`` of `aioprof.report.trace.render` (compact), then a
     newline.
-    `flame` only matters for "collapsed"; the text options do not change "collapsed" or
-    "trace" (they are still checked).
+    format "pprof": the gzipped profile.proto of `aioprof.report.pprof.render` (bytes).
+    A text stream is flushed and its ``buffer`` gets the bytes; a terminal is refused.
+    `flame` only matters for "collapsed"; the text options do not change "collapsed",
+    "trace" or "pprof" (they are still checked).
 
-    Raises ValueError for an unknown format, sort, by or flame, a bad limit or width, or
-    (collapsed, trace) a document without the part the format needs; nothing is written
-    then. Errors of `file` propagate.
+    Raises ValueError for an unknown format, sort, by or flame, a bad limit or width,
+    (collapsed, trace) a document without the part the format needs, or (pprof) a
+    terminal or a text stream without a binary buffer; nothing is written then. Errors
+    of `file` propagate.
     """
     check_options(format=format, sort=sort, limit=limit, by=by, width=width, flame=flame)
+    if format == "pprof":
+        _write_binary(pprof.render(doc), file)
+        return
     if format == "json":
         json.dump(doc, file, indent=1)
         file.write("\n")
@@ -73,7 +83,21 @@ def write(doc: dict, *, format: str = "text", file: IO[str], sort: str = "busy",
                            width=width, ellipsis=ellipsis))
 
 
-def _is_terminal(file: IO[str]) -> bool:
+def _write_binary(data: bytes, file: IO) -> None:
+    if _is_terminal(file):
+        raise ValueError("the pprof format is binary: write it to a file, not a terminal")
+    if isinstance(file, io.TextIOBase):
+        buffer = getattr(file, "buffer", None)
+        if buffer is None:
+            raise ValueError("the pprof format is binary: give a binary file (or one with a buffer)")
+        file.flush()
+        buffer.write(data)
+        buffer.flush()
+        return
+    file.write(data)
+
+
+def _is_terminal(file: IO) -> bool:
     try:
         return bool(file.isatty())
     except (AttributeError, ValueError, OSError):
