@@ -44,7 +44,17 @@ DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then wr
                "everything after it is passed to the program.")
 EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof cannot "
           "start the program (bad option, missing script or module, unwritable -o file). "
-          "See docs/cli.md.")
+          "`report` as the first argument re-renders saved JSON reports (report -h); "
+          "./report runs a script of that name. See docs/cli.md.")
+REPORT_USAGE = ("python -m aioprof report FILE.json [FILE.json ...] [--format F] [-o OUT] "
+                "[text options]")
+REPORT_DESCRIPTION = ("Re-render reports saved with --format json, in any format whose data "
+                      "they hold; several files are merged into one report (coroutines "
+                      "summed, tasks and loops listed with their pid). Written to stdout "
+                      "unless -o.")
+REPORT_EPILOG = ("Exit status: 0; 2 for a bad option or a file that is not a readable "
+                 "aioprof JSON report; 1 when the reports lack what the format needs "
+                 "(samples for a cpu flame, the trace). See docs/cli.md.")
 # Options that take a value as the next argument: needed to find where ours end.
 _VALUE_OPTIONS = {"-o", "--output", "--format", "--sort", "--limit", "--by", "--max-tasks",
                   "--cpu-window", "--slow-ms", "--flame", "--interval", "--trace-buffer"}
@@ -97,8 +107,8 @@ _non_negative.__name__ = "number >= 0"
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="aioprof", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
-                allow_abbrev=False)
+    p = _Parser(prog="aioprof", usage=f"{USAGE}\n       {REPORT_USAGE}", description=DESCRIPTION,
+                epilog=EPILOG, allow_abbrev=False)
     p.add_argument("script", nargs="?", help="the program to run; its arguments follow it")
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module as a script, like python -m (ends aioprof's options)")
@@ -144,6 +154,74 @@ def _parser() -> _Parser:
                         "200000)")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
+
+
+def _report_parser() -> _Parser:
+    p = _Parser(prog="aioprof report", usage=REPORT_USAGE, description=REPORT_DESCRIPTION,
+                epilog=REPORT_EPILOG, allow_abbrev=False)
+    p.add_argument("files", nargs="+", metavar="FILE.json", help="reports written by --format json")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the report to FILE instead of stdout (replaced only when complete)")
+    p.add_argument("--format", choices=report.FORMATS, default="text",
+                   help="text (default), json (the merged document), collapsed, trace or pprof "
+                        "(binary: -o FILE or a pipe), as for a run")
+    p.add_argument("--flame", choices=report.FLAMES, default="cpu",
+                   help="with --format collapsed: cpu (default), idle or wall")
+    p.add_argument("--sort", choices=report.SORTS, default="busy", help="as for a run")
+    p.add_argument("--limit", type=_count, default=None, metavar="N", help="as for a run")
+    p.add_argument("--by", choices=report.VIEWS, default="coroutine", help="as for a run")
+    p.add_argument("--show-internal", action="store_true", help="as for a run")
+    return p
+
+
+def report_main(argv: Sequence[str]) -> NoReturn:
+    """`python -m aioprof report FILE.json [...]`: re-render saved JSON reports (merged
+    when several) in any format; ends with SystemExit (0; 2 for a bad option or file; 1
+    when the reports lack what the format needs)."""
+    from aioprof.report import merge
+
+    try:
+        opts = _report_parser().parse_args(argv)
+        _check_binary(opts.format, opts.output)
+        if opts.output is not None and opts.output != "-":
+            _check_writable(opts.output)
+        docs = [merge.load(path) for path in opts.files]
+    except (_Error, merge.ReportError) as e:
+        hint = ""
+        if isinstance(e, _Error) and os.path.isfile("report"):
+            hint = " (to run the script named report, write ./report)"
+        _say(f"error: {e}{hint}")
+        raise SystemExit(2) from None
+    ignored = _ignored(argv, opts)
+    if ignored:
+        _say(f"warning: {' and '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing "
+             f"with --format {opts.format}")
+    doc = merge.merge(docs)
+
+    def render(file: IO[str]) -> None:
+        if opts.format == "text" and opts.by == "stack" and not isinstance(doc.get("samples"), dict):
+            raise ValueError("no samples in the report for --by stack: the run did not sample "
+                             "(it does with --by stack or --interval MS)")
+        report.write(doc, format=opts.format, file=file, sort=opts.sort, limit=opts.limit,
+                     by=opts.by, show_internal=opts.show_internal, flame=opts.flame)
+
+    try:
+        if opts.output is not None and opts.output != "-":
+            write_atomically(opts.output, render)
+        else:
+            render(sys.stdout)
+            sys.stdout.flush()
+    except ValueError as e:
+        what = opts.files[0] if len(opts.files) == 1 else f"these {len(opts.files)} reports"
+        _say(f"error: cannot write --format {opts.format} from {what}: {e}")
+        raise SystemExit(1) from None
+    except OSError as e:
+        _say(f"error: could not write the report: {e}")
+        raise SystemExit(1) from None
+    note = report.trace.dropped_note(doc) if opts.format == "trace" else None
+    if note:
+        _say(note)
+    raise SystemExit(0)
 
 
 def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str], List[str]]:
@@ -606,9 +684,13 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     through, 1 after an uncaught exception; after KeyboardInterrupt python prints it,
     finalizes and dies of SIGINT; SIGTERM at its default: death by SIGTERM after the
     report); 2 for a usage error before the program starts.
+
+    A first argument of exactly ``report`` is the `report_main` subcommand instead.
     """
     if argv is None:
         argv = sys.argv[1:]
+    if argv and argv[0] == "report":   # a subcommand; ./report runs a script of that name
+        report_main(argv[1:])
     try:
         program, session = _setup(argv)
         program.set_argv()

@@ -420,6 +420,9 @@ class _Renderer:
             parts[-1] += f" (+{int(dropped)} dropped past max_tasks)"
         if doc.get("python"):
             parts.append(f"Python {doc['python']}")
+        pids = doc.get("pids")
+        if isinstance(pids, list) and len(pids) > 1:   # a merge of reports (aioprof report)
+            parts.append(f"{len(pids)} reports merged (pids {', '.join(map(str, pids))})")
         lines = [", ".join(parts)]
         warnings = doc.get("warnings")
         if isinstance(warnings, list):
