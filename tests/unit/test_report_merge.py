@@ -79,6 +79,7 @@ def test_cli_report_merges_files_into_json_text_and_pprof(two_docs, tmp_path):
     assert json.loads(report("--format", "json")) == json.loads(json.dumps(merge.merge(two_docs)))
     text = report()
     assert f"2 reports merged (pids {two_docs[0]['pid']}, {two_docs[1]['pid']})" in text.splitlines()[0]
+    assert f"loop 2 (_UnixSelectorEventLoop), thread MainThread, pid {two_docs[1]['pid']}" in text
     report("--format", "pprof", "-o", tmp_path / "m.pb.gz")
     prof = read_pprof(tmp_path / "m.pb.gz")
     for doc in two_docs:

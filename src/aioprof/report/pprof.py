@@ -32,8 +32,10 @@ from the rounded sum of the document's floats by a nanosecond per entry.
 from __future__ import annotations
 
 import gzip
-import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from aioprof.report.collapsed import frame_text
+from aioprof.report.text import _class_of   # the loop class as the text report spells it
 
 __all__ = ["SAMPLE_TYPES", "render"]
 
@@ -183,8 +185,6 @@ def _code(site: Any) -> Optional[Frame]:
 
 def _frame(frame: Any) -> Frame:
     """A pprof frame of an entry of doc["frames"] (the marker texts of collapsed.py)."""
-    from aioprof.report.collapsed import frame_text
-
     if isinstance(frame, dict) and frame.get("kind") == "code":
         code = _code(frame)
         if code is not None:
@@ -202,11 +202,8 @@ def _loop_labels(doc: dict) -> Dict[Any, str]:
     for key, loops in by_thread.items():
         if len(loops) == 1:
             loop = loops[0]
-            cls = _text(loop.get("type"))
-            if loop.get("module") and loop["module"] not in ("asyncio", "asyncio.unix_events"):
-                cls = f"{loop['module']}.{cls}"
             name = loop.get("thread_name")
-            labels[key] = f"#{loop.get('id')} {cls}" + (f" ({name})" if name else "")
+            labels[key] = f"#{loop.get('id')} {_class_of(loop)}" + (f" ({name})" if name else "")
     return labels
 
 

@@ -732,6 +732,8 @@ class _Renderer:
             name += f" ({_class_of(loop)})"
         if get("thread") is not None or get("thread_name"):
             name += f", thread {_thread_of(loop)}"
+        if get("pid") is not None:   # only in a merge of reports (aioprof report)
+            name += f", pid {_str(get('pid'))}"
         if get("destroyed"):
             name += ", ended"   # the loop object is gone (closed and collected)
         groups: List[List[str]] = [[], [], [], []]
