@@ -97,6 +97,8 @@ def test_api_pprof_sums_are_the_json_report(api_run):
         assert sum(v[3] for v, _, lab in prof.samples if lab.get("task") == name) == round(task["idle_s"] * NS)
     (site,) = [s for s in _task(doc, "sleeper")["await_sites"] if s["line"] == SLEEP_LINE]
     assert prof.flat("idle", "sleeper", SLEEP_LINE) == round(site["idle_s"] * NS)
+    (loop,) = doc["loops"]   # one loop: the sampled values carry it too
+    assert all(lab["loop"].startswith(f"#{loop['id']} ") for v, _, lab in prof.samples if v[0])
     stacks = doc["samples"]["stacks"]
     assert abs(prof.total("cpu") - sum(round(s["time_s"] * NS) for s in stacks)) <= len(stacks)
     for kind in ("busy", "scheduled", "idle"):

@@ -24,7 +24,8 @@ Stacks are async call stacks, root first in the document and leaf first in the p
 (function name, file, line). Labels (strings): ``task`` (the task's name), ``coroutine``,
 ``loop`` (``#id class (thread name)``, when the task's thread ran one loop), ``pid``, and
 ``callback`` for callbacks. Samples of ``samples.stacks`` carry ``coroutine`` (of their
-innermost task marker) and ``pid`` only: the sampler does not record the task.
+innermost task marker), ``pid``, and ``loop`` when the report has one loop only: the
+sampler records neither the task nor the loop.
 
 Every time is rounded to integer nanoseconds on its own, so a sum over samples can differ
 from the rounded sum of the document's floats by a nanosecond per entry.
@@ -281,6 +282,11 @@ def _add_callbacks(b: _Builder, doc: dict, with_cpu: bool) -> None:
 def _add_samples(b: _Builder, doc: dict, samples: dict) -> None:
     frames = [_frame(f) for f in doc.get("frames") or []]
     raw = doc.get("frames") or []
+    # The sampler does not record the loop; a process that ran one loop has it anyway.
+    loops = [lp for lp in doc.get("loops") or [] if isinstance(lp, dict)]
+    loop = ""
+    if len(loops) == 1 and not doc.get("loops_folded") and "pids" not in doc:
+        loop = next(iter(_loop_labels(doc).values()), "")
     for entry in samples.get("stacks") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("stack"), list):
             continue
@@ -292,7 +298,7 @@ def _add_samples(b: _Builder, doc: dict, samples: dict) -> None:
                     coroutine = _text(raw[index].get("coroutine"))
             else:
                 stack.append(("[unknown]", "", 0))
-        b.add(stack or [("[no frames]", "", 0)], {"coroutine": coroutine, "pid": _pid(entry, doc)},
+        b.add(stack or [("[no frames]", "", 0)], {"coroutine": coroutine, "pid": _pid(entry, doc), "loop": loop},
               _CPU, _ns(entry.get("time_s")))
 
 
