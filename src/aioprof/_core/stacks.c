@@ -323,6 +323,7 @@ static struct {
     pthread_cond_t watch_cond;
     int watch_cond_ready, watch_joinable;
     atomic_int watch_restart;  /* stopped for a fork: the next step starts it again */
+    atomic_int watch_wants_gil;   /* the watchdog is taking (or holds) the GIL */
     /* 3.10-3.12: the program took the signal over; the main thread looks for another */
     atomic_int lost;
     int warned;                /* the warning that no signal is left was given */
@@ -606,6 +607,7 @@ static int sampler_sleep(unsigned long long gen)
  * sampler (generation `gen`) is still current (sampler thread). */
 static void sample_threads_locked(unsigned long long gen, const char *what)
 {
+    atomic_store(&S.watch_wants_gil, 1);   /* (read by fork_prepare: do not wait for it) */
     PyGILState_STATE g = PyGILState_Ensure();
     ap_session_t *s = ap_session;
     if (atomic_load(&S.gen) == gen && s && !s->disabled) {
@@ -617,6 +619,7 @@ static void sample_threads_locked(unsigned long long gen, const char *what)
         ap_exc_restore(&exc);
     }
     PyGILState_Release(g);
+    atomic_store(&S.watch_wants_gil, 0);
 }
 
 /* Sleep `ns` on the watchdog's condition variable (CLOCK_MONOTONIC): a fork wakes it to
@@ -964,9 +967,11 @@ static void signal_fallback(int Py_UNUSED(lost)) {}
  * it forever). The child's sampler counts as stopped. */
 /* On 3.12+ os.fork() warns (DeprecationWarning) when the process has other threads, as
  * the kernel counts them: the watchdog, on by default, must not make a forking program
- * warn. So it leaves before a fork (woken, and joined for up to 50 ms; it never waits long
- * but for the GIL, which the forking thread holds only if it is not inside a step) and
- * the next step starts a new one, after os.fork() has looked. */
+ * warn. So it leaves before a fork (woken, and joined) and the next step starts a new
+ * one, after os.fork() has looked. Woken, it needs only the CPU to leave, which a loaded
+ * machine may give it late: it is waited for up to 2 s, in 10 ms joins, unless it is
+ * taking the GIL, which the forking thread holds: then it cannot leave before the fork
+ * and is not waited for (it leaves once it has the GIL). */
 static void fork_prepare(void)
 {
     if (S.started && S.watch && S.watch_joinable) {
@@ -974,15 +979,19 @@ static void fork_prepare(void)
         atomic_fetch_add(&S.gen, 1);
         pthread_cond_broadcast(&S.watch_cond);
         pthread_mutex_unlock(&S.watch_lock);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 50000000;
-        if (until.tv_nsec >= 1000000000) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000;
+        int joined = 0;
+        for (int i = 0; i < 200 && !joined && !atomic_load(&S.watch_wants_gil); i++) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 10000000;
+            if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+            }
+            joined = pthread_timedjoin_np(S.thread, NULL, &until) == 0;
         }
-        if (pthread_timedjoin_np(S.thread, NULL, &until) != 0)
-            pthread_detach(S.thread);   /* it leaves once it has the GIL */
+        if (!joined)
+            pthread_detach(S.thread);
         S.watch_joinable = 0;
         atomic_store(&S.watch_restart, 1);
     }
@@ -1045,6 +1054,7 @@ static void fork_child(void)
     pthread_mutex_init(&S.send_lock, NULL);
     pthread_mutex_init(&S.watch_lock, NULL);
     atomic_store(&S.watch_restart, 0);
+    atomic_store(&S.watch_wants_gil, 0);
     atomic_fetch_add(&S.gen, 1);
     atomic_store(&S.signum, 0);
     S.started = 0;
