@@ -42,7 +42,7 @@ async def main():
         await asyncio.wait_for(value("late", 200), 0.01)
     except asyncio.TimeoutError:
         print("wait_for timed out")
-    print("wait_for_ms", await asyncio.wait_for_ms(value("m", 1), 100))
+    print("wait_for_ms", await asyncio.wait_for_ms(value("m", 1), 1000))
     try:
         await asyncio.wait_for_ms(value("late", 200), 5)
     except asyncio.TimeoutError:
