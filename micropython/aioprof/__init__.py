@@ -136,6 +136,12 @@ class Profiler:
         core.isinstance = isinstance_
         self._hook_isinstance = isinstance_
         _active = self
+        task = core.cur_task
+        if task is not None and not task.done():   # started by a task: its step runs now
+            self._n = 1
+            rec = self._cur = self._live[task] = _Task(1, task, self._t0)
+            rec.steps = 1
+            rec.first_step = self._step_t0 = self._t0
         self._running = True
         return self
 

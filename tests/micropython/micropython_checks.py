@@ -266,3 +266,20 @@ def test_max_tasks_folds_the_rest(snapshot):
     states = {t["coroutine"]: t["state"] for t in final["tasks"]}
     # main ended; forever's cancellation never ran (the loop had stopped): still pending
     assert states["main"] == "done" and states["forever"] == "pending"
+
+
+def test_seed_example_report_from_inside_main():
+    """The seed's use: start() and the report inside main; main, seen from its running
+    step on, shows 2 steps and its 500 ms sleep; the endless tasks' steps and busy time
+    are what they counted themselves at that moment."""
+    own, doc = json_lines(run("seed_report.py"), 2)
+    rows = by_coroutine(doc)
+    assert rows["main"]["steps"] == 2
+    slept = own["slept_us"] / 1e3
+    waited = ms(rows["main"]["idle_s"] + rows["main"]["scheduled_s"])
+    assert 500 - 1 <= waited <= slept + 1, (waited, slept)
+    for name in ("slow", "quicker"):
+        assert rows[name]["steps"] == own["steps"][name]
+        own_busy = own["busy_us"][name] / 1e3
+        busy = ms(rows[name]["busy_s"])
+        assert own_busy - 0.5 <= busy <= own_busy + LOAD_MS + LOAD_SHARE * own_busy, (name, busy, own_busy)
