@@ -11,12 +11,13 @@ import os
 import platform
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from _mpy import MICROPYTHON_DIR, addresses_out, by_coroutine, figures, json_lines, ms, popen, run
+from _mpy import MICROPYTHON, MICROPYTHON_DIR, addresses_out, by_coroutine, figures, json_lines, ms, popen, run
 
 pytestmark = pytest.mark.timing
 
@@ -283,3 +284,25 @@ def test_seed_example_report_from_inside_main():
         own_busy = own["busy_us"][name] / 1e3
         busy = ms(rows[name]["busy_s"])
         assert own_busy - 0.5 <= busy <= own_busy + LOAD_MS + LOAD_SHARE * own_busy, (name, busy, own_busy)
+
+
+def test_tools_micropython_runs_like_micropython(tmp_path):
+    """Like `micropython ARGS...` in the current directory: stdin, environment, exit status
+    and stderr are the program's; the port comes first on the path, then MicroPython's own
+    default path."""
+    (tmp_path / "prog.py").write_text(
+        "import os, sys, aioprof\n"
+        "print(os.getcwd(), sys.stdin.read().strip(), os.getenv('AIOPROF_T'))\n"
+        "print(sys.path[1:], aioprof.__file__)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "sys.exit(7)\n")
+    proc = subprocess.run([str(MICROPYTHON), "prog.py"], cwd=tmp_path, input="from stdin\n",
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AIOPROF_T": "env seen"})
+    assert proc.returncode == 7, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first == f"{tmp_path} from stdin env seen"
+    port = str(MICROPYTHON_DIR)
+    home = os.path.expanduser("~")
+    assert second == f"{[port, '.frozen', home + '/.micropython/lib', '/usr/lib/micropython']} {port}/aioprof/__init__.py"
+    assert proc.stderr == "to stderr\n"
