@@ -86,7 +86,9 @@ class Profiler:
     """
 
     def __init__(self, max_tasks=1000):
-        if not isinstance(max_tasks, int) or isinstance(max_tasks, bool) or max_tasks < 0:
+        if not isinstance(max_tasks, int) or isinstance(max_tasks, bool):
+            raise TypeError("max_tasks must be an int, not %s %r" % (type(max_tasks).__name__, max_tasks))
+        if max_tasks < 0:
             raise ValueError("max_tasks must be an int >= 0, not %r" % (max_tasks,))
         self.max_tasks = max_tasks
         self._running = False

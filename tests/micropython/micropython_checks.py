@@ -306,3 +306,22 @@ def test_tools_micropython_runs_like_micropython(tmp_path):
     home = os.path.expanduser("~")
     assert second == f"{[port, '.frozen', home + '/.micropython/lib', '/usr/lib/micropython']} {port}/aioprof/__init__.py"
     assert proc.stderr == "to stderr\n"
+
+
+def test_bad_arguments_one_clear_error():
+    proc = run("-c", "import aioprof, asyncio\n"
+               "for call in (lambda: aioprof.Profiler(max_tasks='1'), lambda: aioprof.Profiler(max_tasks=-1),\n"
+               "             lambda: aioprof.Profiler().stats(), lambda: aioprof.label('t', 'x'),\n"
+               "             lambda: aioprof.Profiler().start().report('xml')):\n"
+               "    try:\n"
+               "        call()\n"
+               "    except Exception as e:\n"
+               "        print(type(e).__name__, e)\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "TypeError max_tasks must be an int, not str '1'",
+        "ValueError max_tasks must be an int >= 0, not -1",
+        "RuntimeError this Profiler was never started",
+        "TypeError label() needs a Task, not str",
+        "ValueError format must be 'text' or 'json', not 'xml'",
+    ]
