@@ -234,7 +234,8 @@ def test_package_json_lists_the_package():
     files = sorted(str(p.relative_to(MICROPYTHON_DIR)) for p in (MICROPYTHON_DIR / "aioprof").glob("*.py"))
     assert sorted(target for target, _ in pkg["urls"]) == files
     assert all(url == target for target, url in pkg["urls"])   # relative: the same path
-    assert pkg["version"] == re.search(r'__version__ = "(.*)"', (MICROPYTHON_DIR / "aioprof" / "__init__.py").read_text()).group(1)
+    source = (MICROPYTHON_DIR / "aioprof" / "__init__.py").read_text()
+    assert pkg["version"] == re.search(r'__version__ = "(.*)"', source).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +305,8 @@ def test_tools_micropython_runs_like_micropython(tmp_path):
     assert first == f"{tmp_path} from stdin env seen"
     port = str(MICROPYTHON_DIR)
     home = os.path.expanduser("~")
-    assert second == f"{[port, '.frozen', home + '/.micropython/lib', '/usr/lib/micropython']} {port}/aioprof/__init__.py"
+    path = [port, ".frozen", home + "/.micropython/lib", "/usr/lib/micropython"]
+    assert second == f"{path} {port}/aioprof/__init__.py"
     assert proc.stderr == "to stderr\n"
 
 

@@ -36,7 +36,8 @@ async def main():
         await asyncio.gather(value(1, 5), boom(1))
     except ValueError as e:
         print("gather raised", repr(e))
-    print("gather return_exceptions", [repr(r) for r in await asyncio.gather(value(1), boom(2), return_exceptions=True)])
+    results = await asyncio.gather(value(1), boom(2), return_exceptions=True)
+    print("gather return_exceptions", [repr(r) for r in results])
     print("wait_for", await asyncio.wait_for(value("w", 1), 1))
     try:
         await asyncio.wait_for(value("late", 200), 0.01)
