@@ -67,7 +67,7 @@ VALGRIND := valgrind --quiet --error-exitcode=99 --errors-for-leak-kinds=definit
 	--suppressions=tools/valgrind.supp
 
 .PHONY: help build build-all deps deps-all build-deps test test-py test-real test-asyncio \
-	asan valgrind lint bench demo install-check clean
+	test-micropython asan valgrind lint bench demo install-check clean
 
 help:
 	@echo "make build         build aioprof._core in place for PY (default python3)"
@@ -78,6 +78,7 @@ help:
 	@echo "make test-py       pytest (minus 'bench' tests) on PY only; tests/real/ included"
 	@echo "make test-real     only tests/real/ (real servers and clients under aioprof) on PY"
 	@echo "make test-asyncio  CPython's test_asyncio under aioprof on PY (SAMPLE_MS=1: sampling)"
+	@echo "make test-micropython  the MicroPython port's tests (micropython/, tools/micropython), pytest on PY"
 	@echo "make asan          '-m sanitize' tests against an ASan+UBSan build ($(ASAN_PY))"
 	@echo "make valgrind      '-m sanitize' tests under valgrind memcheck ($(VALGRIND_PY))"
 	@echo "make lint          cppcheck on src/aioprof/_core"
@@ -126,6 +127,12 @@ test-real: build
 SAMPLE_MS ?= 0
 test-asyncio: build
 	@timeout --kill-after=30 $${PYTEST_TIMEOUT:-1200} $(PYTHON) tests/suites/run_stdlib.py --interval $(SAMPLE_MS)
+
+# The MicroPython port (micropython/): pytest on PY drives tools/micropython (Debian sid's
+# micropython, set up on first use like 3.14); a micropython that cannot run fails here.
+test-micropython: build
+	@AIOPROF_REQUIRE_MICROPYTHON=1 PYTHONPATH=src $(PYTEST) micropython $(PYTHON) -m pytest \
+		tests/micropython/micropython_checks.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # Copy the pure-Python package next to the ASan .so, so that `import aioprof._core` under
 # PYTHONPATH=build/asan finds the ASan build and never the in-place one in src/.

@@ -39,6 +39,7 @@ for py in $PYTHONS; do
         results+=("SKIPPED (build failed)" "SKIPPED (build failed)" "SKIPPED (build failed)")
     fi
 done
+step "micropython" "$MAKE" --no-print-directory test-micropython PY="${PYTHONS%% *}"
 step "asan" "$MAKE" --no-print-directory asan
 step "valgrind" "$MAKE" --no-print-directory valgrind
 
