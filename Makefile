@@ -26,6 +26,8 @@ PYTHONS ?= $(foreach v,$(PY_VERSIONS),$(call pyenv_python,$(v)))
 # on which CPython itself is clean under memcheck (see tools/valgrind.supp for why not 3.11+).
 ASAN_PY ?= $(call pyenv_python,3.11)
 VALGRIND_PY ?= $(call pyenv_python,3.10)
+# The debug build (Py_DEBUG) of `make debug`.
+DEBUG_PY ?= tools/bin/python3.14-dbg
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
@@ -67,7 +69,7 @@ VALGRIND := valgrind --quiet --error-exitcode=99 --errors-for-leak-kinds=definit
 	--suppressions=tools/valgrind.supp
 
 .PHONY: help build build-all deps deps-all build-deps test test-py test-real test-asyncio \
-	test-micropython asan valgrind lint bench demo install-check clean
+	test-micropython asan valgrind debug lint bench demo install-check clean
 
 help:
 	@echo "make build         build aioprof._core in place for PY (default python3)"
@@ -81,6 +83,7 @@ help:
 	@echo "make test-micropython  the MicroPython port's tests (micropython/, tools/micropython), pytest on PY"
 	@echo "make asan          '-m sanitize' tests against an ASan+UBSan build ($(ASAN_PY))"
 	@echo "make valgrind      '-m sanitize' tests under valgrind memcheck ($(VALGRIND_PY))"
+	@echo "make debug         '-m sanitize' tests, reference leaks included, on a debug build ($(DEBUG_PY))"
 	@echo "make lint          cppcheck on src/aioprof/_core"
 	@echo "make bench         bench/run.py (peers from bench/requirements.txt installed first)"
 	@echo "make demo          profile examples/webserver.py"
@@ -174,6 +177,18 @@ valgrind: build
 		echo "valgrind: memcheck errors in the output above (also in $(VALGRIND_DIR)/pytest.log)" >&2; \
 		[ $$rc -ne 0 ] || rc=1; fi; \
 	exit $$rc
+
+# The in-place build for the debug interpreter (src/aioprof/_core.cpython-314d-*.so, next to
+# the release build's): CPython's assertions and aioprof's own (no NDEBUG there) are on, and
+# tests/unit/test_refleaks.py must run, not skip (AIOPROF_REQUIRE_DEBUG). A debug CPython
+# also loads a release build's .so: the check makes sure it imported its own.
+debug: PY := $(DEBUG_PY)
+debug: build
+	@PYTHONPATH=src $(PYTHON) -c 'import sys, sysconfig, aioprof._core as c; \
+		sys.exit(0 if hasattr(sys, "gettotalrefcount") and c.__file__.endswith(sysconfig.get_config_var("EXT_SUFFIX")) \
+		else "debug: %s is not a debug build, or imported %s" % (sys.executable, c.__file__))'
+	@PYTHONPATH=src AIOPROF_REQUIRE_DEBUG=1 AIOPROF_REQUIRE_REAL= $(PYTEST) debug \
+		$(PYTHON) -m pytest -m sanitize -p no:cacheprovider $(PYTEST_ARGS)
 
 # --- other --------------------------------------------------------------------------
 

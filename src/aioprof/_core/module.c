@@ -406,8 +406,15 @@ static int mod_exec(PyObject *module)
     return PyModule_AddIntConstant(module, "HIST_BUCKETS", AP_HIST_BUCKETS);
 }
 
+/* Py_mod_gil (3.13+): aioprof relies on the GIL (one session, its tables and hooks are
+ * process-wide and unlocked), so a free-threaded interpreter turns the GIL back on when
+ * it imports _core (with a RuntimeWarning; PYTHON_GIL=0 overrides that, unsupported).
+ * Free-threaded builds are not tested (docs/interpreters.md). */
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, mod_exec},
+#ifdef Py_mod_gil
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
     {0, NULL},
 };
 
