@@ -117,7 +117,8 @@ test:
 	@PYTHONS="$(PYTHONS)" tools/test-all.sh
 
 # tests/real must run every program on pyenv's interpreters; on 3.14/3.15 (Debian sid, no
-# PyPI wheels there) the programs whose packages are missing skip (docs/testing.md).
+# PyPI wheels there; tools/python installs Debian's packages of the programs) a program
+# whose package Debian lacks for that version skips (docs/testing.md).
 test-py: build
 	@PYTHONPATH=src $(if $(call sid_python,$(PYTHON)),AIOPROF_REQUIRE_REAL=) $(PYTEST) py$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
 		$(PYTHON) -m pytest -m "not bench" $(PYTEST_ARGS)

@@ -88,15 +88,26 @@ def start_postgres() -> Tuple["subprocess.Popen[bytes]", str]:
                              "-c", "listen_addresses=", "-c", "fsync=off"],
                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(top, "log"), "w"))
     deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(top, ".s.PGSQL.5432")):
+    while not postgres_ready(data, top):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             log = Path(top, "log").read_text()
             shutil.rmtree(top, ignore_errors=True)
             pytest.fail(f"postgres did not start (exit {proc.poll()}):\n{log}")
         time.sleep(0.05)
-    time.sleep(0.2)   # the socket file exists just before postgres accepts on it
     return proc, top
+
+
+def postgres_ready(data: str, top: str) -> bool:
+    """The server accepts connections: its socket exists and postmaster.pid's status line
+    (the 8th) says "ready" (the socket appears before it accepts; a loaded machine can keep
+    that gap long)."""
+    try:
+        lines = Path(data, "postmaster.pid").read_text().splitlines()
+    except OSError:
+        return False
+    return (len(lines) > 7 and lines[7].strip() == "ready"
+            and os.path.exists(os.path.join(top, ".s.PGSQL.5432")))
 
 
 def stop_postgres(proc: "subprocess.Popen[bytes]", top: str) -> None:
