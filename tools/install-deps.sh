@@ -35,4 +35,7 @@ apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)"
 # tests/real/ starts its own PostgreSQL server (initdb + postgres from /usr/lib/postgresql/*/bin,
 # in a temporary directory; the packaged cluster is not used).
 apt_install postgresql
+# tests/real/test_prometheus.py starts its own Prometheus server (on 127.0.0.1, a temporary
+# config and data directory; the packaged service is not used).
+apt_install prometheus
 "${MAKE:-make}" --no-print-directory deps-all

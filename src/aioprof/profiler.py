@@ -227,6 +227,7 @@ class Profiler:
         self.cpu_window_ms = float(cpu_window_ms)
         self.slow_ms = float(slow_ms)
         self._final: Optional[dict] = None
+        self._final_metrics: Optional[dict] = None
         self._running = False
         self._uvloop: Optional[_UvloopWatch] = None
 
@@ -244,7 +245,7 @@ class Profiler:
             self._uvloop = _UvloopWatch(_core._uv_hook)
             sys.meta_path.insert(0, self._uvloop)
         self._running = True
-        self._final = None
+        self._final = self._final_metrics = None
         # The sampler thread must not outlive the interpreter: stop at exit at the latest.
         atexit.register(self.stop)
         return self
@@ -259,6 +260,7 @@ class Profiler:
                 self._uvloop = None
             _core = load_core()
 
+            self._final_metrics = _core.metrics()
             self._final = self._document(_core.stop())
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
@@ -310,6 +312,17 @@ class Profiler:
         note = _report.trace.dropped_note(doc, "Profiler(trace_buffer=N)") if format == "trace" else None
         if note:
             print(f"aioprof: {note}", file=sys.stderr)
+
+    def _metrics(self) -> Optional[dict]:
+        """The core's figures for aioprof.metrics (ns): per coroutine and loop, no task
+        records; the final ones after stop(), None if never started. Safe to call from
+        any thread (a metrics scrape)."""
+        if self._running:
+            try:
+                return load_core().metrics()
+            except RuntimeError:   # stopped meanwhile, from another thread
+                pass
+        return self._final_metrics
 
     # -- internals ----------------------------------------------------------------
     @staticmethod
