@@ -48,7 +48,9 @@ def metrics() -> dict[str, Any]:
     tasks counted up to now); loops and loops_folded (the fields of snapshot()'s, without
     slow_steps, plus lag_buckets [(upper bound ns, count), ...] of the non-empty buckets of
     the lag histogram, each holding the lags from the previous bound up to its own, and
-    lag_sum_ns).
+    lag_sum_ns). Safe from any thread: after its sweep of closed loops (is_closed()
+    calls), it runs no Python code (the cyclic GC is off meanwhile). Ending the session
+    from another thread meanwhile is the caller's to prevent (Profiler holds a lock).
 
     Raises RuntimeError if no session is running.
     """

@@ -6,6 +6,7 @@ assembles the JSON document described in docs/json.md.
 """
 from __future__ import annotations
 
+import _thread
 import atexit
 import platform
 import sys
@@ -228,6 +229,9 @@ class Profiler:
         self.slow_ms = float(slow_ms)
         self._final: Optional[dict] = None
         self._final_metrics: Optional[dict] = None
+        # Held while a metrics scrape reads the core (from its own thread) and while stop()
+        # ends the session, so that a scrape never reads a session being freed.
+        self._metrics_lock = _thread.allocate_lock()
         self._running = False
         self._uvloop: Optional[_UvloopWatch] = None
 
@@ -260,8 +264,10 @@ class Profiler:
                 self._uvloop = None
             _core = load_core()
 
-            self._final_metrics = _core.metrics()
-            self._final = self._document(_core.stop())
+            with self._metrics_lock:
+                self._final_metrics = _core.metrics()
+                raw = _core.stop()
+            self._final = self._document(raw)
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
@@ -317,12 +323,13 @@ class Profiler:
         """The core's figures for aioprof.metrics (ns): per coroutine and loop, no task
         records; the final ones after stop(), None if never started. Safe to call from
         any thread (a metrics scrape)."""
-        if self._running:
-            try:
-                return load_core().metrics()
-            except RuntimeError:   # stopped meanwhile, from another thread
-                pass
-        return self._final_metrics
+        with self._metrics_lock:
+            if self._running and self._final_metrics is None:
+                try:
+                    return load_core().metrics()
+                except RuntimeError:   # stopped meanwhile, by the core itself
+                    pass
+            return self._final_metrics
 
     # -- internals ----------------------------------------------------------------
     @staticmethod

@@ -269,3 +269,82 @@ def test_monitor_busy_read_from_another_thread_never_counts_select():
     assert mid["busy_s"] <= end["busy_s"]
     assert end["select_wait_s"] - mid["select_wait_s"] >= reads["waited"] - 0.001
     assert not math.isnan(mid["utilization"])
+
+
+@pytest.mark.sanitize
+def test_scrapes_from_a_thread_while_loops_come_and_go_and_the_profiler_stops():
+    """A scrape thread reads the core while the main thread makes and ends 30 loops (the
+    ended ones are folded, their records freed) and then stops the profiler: no scrape
+    fails or reads freed memory (ASan runs this), and the sums of the counters never go
+    down from one scrape to the next."""
+    async def job(i):
+        await asyncio.gather(*(asyncio.sleep(0) for _ in range(i % 5)))
+
+    p = aioprof.Profiler().start()
+    reg = registry_of(ProfilerCollector(p, top=3))
+    done = threading.Event()
+    seen, errors = [], []
+
+    def totals():
+        fams = exposition(reg)
+        return tuple(sum(v for _, _, v in fams.get(name, ("", []))[1])
+                     for name in ("aioprof_loop_ticks", "aioprof_coroutine_steps",
+                                  "aioprof_tasks_finished"))
+
+    def scrape():
+        try:
+            while not done.is_set():
+                seen.append(totals())
+            seen.append(totals())   # the final figures, after stop()
+        except Exception as e:  # pragma: no cover - the failure is reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    try:
+        for i in range(30):
+            asyncio.run(job(i))
+    finally:
+        p.stop()
+        done.set()
+        thread.join()
+    assert not errors, errors
+    assert len(seen) >= 2
+    for before, after in zip(seen, seen[1:]):
+        assert all(b <= a for b, a in zip(before, after)), (before, after)
+    doc = p.stats()
+    assert seen[-1][0] == sum(lp["ticks"] for lp in doc["loops"] + doc["loops_folded"])
+    assert seen[-1][1] == sum(c["steps"] for c in doc["coroutines"])
+
+
+@pytest.mark.sanitize
+def test_stop_waits_for_a_scrape_that_runs_python_code():
+    """A scrape asks each loop is_closed() (Python code: the GIL can pass to another
+    thread). stop() called then, from the main thread, must wait for that scrape to end
+    instead of freeing the session under it (ASan caught the read of freed memory)."""
+    inside, scraper = threading.Event(), []
+
+    class SlowToSay(asyncio.SelectorEventLoop):
+        def is_closed(self):
+            if threading.current_thread() in scraper:
+                inside.set()
+                time.sleep(0.1)        # releases the GIL: the main thread runs stop()
+            return super().is_closed()
+
+    p = aioprof.Profiler().start()
+    loop = SlowToSay()
+    loop.run_until_complete(asyncio.sleep(0))     # seen by the profiler, left open
+    reg = registry_of(ProfilerCollector(p))
+    got = []
+    thread = threading.Thread(target=lambda: got.append(exposition(reg)))
+    scraper.append(thread)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        p.stop()
+    finally:
+        thread.join()
+        loop.close()
+    (fams,) = got
+    ticks = {labels["loop"]: v for _, labels, v in fams["aioprof_loop_ticks"][1]}
+    assert ticks == {"1": p.stats()["loops"][0]["ticks"]}

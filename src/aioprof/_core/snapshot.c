@@ -345,13 +345,13 @@ static PyObject *coros_list(ap_session_t *s, uint32_t n, const extra_t *cx)
 
 static PyObject *loop_full(ap_session_t *s, ap_loop_t *l) { return loop_obj(s, l, 1); }
 
-/* A list of obj(loop) for each of the n loops (or folded groups) of arr. */
-static PyObject *loops_list(ap_session_t *s, ap_loop_t **arr, uint32_t n,
-                            PyObject *(*obj)(ap_session_t *, ap_loop_t *))
+/* A list of obj(loop) for each loop (groups: each folded group). The array is read
+ * afresh at every step: a hook run meanwhile (another thread's) may have grown it. */
+static PyObject *loops_list(ap_session_t *s, int groups, PyObject *(*obj)(ap_session_t *, ap_loop_t *))
 {
     PyObject *list = PyList_New(0);
-    for (uint32_t i = 0; list && i < n; i++) {
-        PyObject *o = obj(s, arr[i]);
+    for (uint32_t i = 0; list && i < (groups ? s->n_loop_groups : s->n_loops); i++) {
+        PyObject *o = obj(s, groups ? s->loop_groups[i] : s->loops[i]);
         if (!o || PyList_Append(list, o) < 0)
             Py_CLEAR(list);
         Py_XDECREF(o);
@@ -360,6 +360,7 @@ static PyObject *loops_list(ap_session_t *s, ap_loop_t **arr, uint32_t n,
 }
 
 static PyObject *metrics_loop(ap_session_t *s, ap_loop_t *l);
+static PyObject *metrics_copy(ap_session_t *s, ap_ns_t now);
 
 PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
 {
@@ -448,8 +449,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
         goto done;
 
     ap_loop_sweep(s, 1);
-    loops = loops_list(s, s->loops, s->n_loops, loop_full);
-    folded = loops_list(s, s->loop_groups, s->n_loop_groups, loop_full);
+    loops = loops_list(s, 0, loop_full);
+    folded = loops_list(s, 1, loop_full);
     if (!loops || !folded)
         goto done;
 
@@ -513,8 +514,21 @@ static PyObject *metrics_loop(ap_session_t *s, ap_loop_t *l)
 
 PyObject *ap_metrics(ap_session_t *s, ap_ns_t now)
 {
-    /* First, with no Python object made (so no collection can run code that changes the
-     * tables meanwhile): the pending time of live tasks, per coroutine, and their states. */
+    /* Called from a scrape's thread while the loops run in theirs: after the sweep (which
+     * calls is_closed(), Python code), no Python code may run until the copy is done, or
+     * the GIL could pass to a loop's thread whose hooks change the tables under it. So
+     * the cyclic GC (finalizers) is off meanwhile: making ints, dicts and lists runs none. */
+    ap_loop_sweep(s, 1);
+    int gc_was_on = PyGC_Disable();
+    PyObject *res = metrics_copy(s, now);
+    if (gc_was_on)
+        PyGC_Enable();
+    return res;
+}
+
+static PyObject *metrics_copy(ap_session_t *s, ap_ns_t now)
+{
+    /* The pending time of live tasks, per coroutine, and their states. */
     uint32_t n_coros = s->n_coros;
     extra_t *cx = PyMem_RawCalloc(n_coros + 1, sizeof *cx);
     if (!cx)
@@ -540,9 +554,8 @@ PyObject *ap_metrics(ap_session_t *s, ap_ns_t now)
     PyMem_RawFree(cx);
     if (!coros)
         return NULL;
-    ap_loop_sweep(s, 1);
-    loops = loops_list(s, s->loops, s->n_loops, metrics_loop);
-    folded = loops_list(s, s->loop_groups, s->n_loop_groups, metrics_loop);
+    loops = loops_list(s, 0, metrics_loop);
+    folded = loops_list(s, 1, metrics_loop);
     if (loops && folded) {
         PyObject *states = Py_BuildValue("{s:K,s:K,s:K}", "running", (unsigned long long)running, "scheduled",
                                          (unsigned long long)ready, "idle", (unsigned long long)suspended);
