@@ -364,3 +364,24 @@ def test_stop_waits_for_a_scrape_that_runs_python_code():
     (fams,) = got
     ticks = {labels["loop"]: v for _, labels, v in fams["aioprof_loop_ticks"][1]}
     assert ticks == {"1": p.stats()["loops"][0]["ticks"]}
+
+
+@pytest.mark.skipif(not importable("uvloop"), reason="needs uvloop that imports here")
+def test_loop_monitor_collector_under_uvloop_leaves_out_what_uvloop_hides():
+    import uvloop
+
+    async def main():
+        m = aioprof.LoopMonitor()
+        await asyncio.sleep(0.01)
+        fams = exposition(registry_of(m))
+        after = m.stats()
+        m.close()
+        return fams, after
+
+    fams, after = uvloop.run(main())
+    # uvloop has no ticks or select that aioprof can see: left out, never 0.
+    assert set(fams) == {"aioprof_loop_utilization", "aioprof_loop_load",
+                         "aioprof_loop_busy_seconds", "aioprof_loop_handles"}
+    (_, labels, busy), = fams["aioprof_loop_busy_seconds"][1]
+    assert labels["type"] == "Loop"
+    assert 0 <= busy <= after["busy_s"]
