@@ -40,7 +40,7 @@ TEST_DEPS := -r tests/requirements.txt
 BUILD_CHECK := import setuptools, wheel; assert int(setuptools.__version__.split(".")[0]) >= 61
 TEST_CHECK := $(BUILD_CHECK); import pytest, pytest_rerunfailures, hypothesis, aiohttp, uvloop, \
 	fastapi, uvicorn, httpx, websockets, sqlalchemy, greenlet, aiosqlite, asyncpg, anyio, \
-	nest_asyncio, django, grpc
+	nest_asyncio, django, grpc, prometheus_client, gunicorn
 
 # Extra arguments for every pytest run, e.g. `make test PYTEST_ARGS="-x -k hooks"`.
 PYTEST_ARGS ?=

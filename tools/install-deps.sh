@@ -37,4 +37,7 @@ apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)"
 apt_install postgresql
 # tests/*/test_*pprof*.py read the pprof profiles back with `go tool pprof` (a real reader).
 apt_install golang-go
+# tests/real/test_prometheus.py starts its own Prometheus server (on 127.0.0.1, a temporary
+# config and data directory; the packaged service is not used).
+apt_install prometheus
 "${MAKE:-make}" --no-print-directory deps-all

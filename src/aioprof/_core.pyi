@@ -40,6 +40,21 @@ def snapshot() -> dict[str, Any]:
     Raises RuntimeError if no session is running.
     """
 
+def metrics() -> dict[str, Any]:
+    """The running session's figures that aioprof.metrics exports, in ns, without the
+    per-task records (cheap: it grows with coroutine functions and loops, not tasks):
+    wall_ns, slow_ns; tasks_now {running, scheduled, idle} (live tasks by state);
+    tasks_ended {done, cancelled, failed, destroyed}; coroutines (as snapshot()'s, pending
+    tasks counted up to now); loops and loops_folded (the fields of snapshot()'s, without
+    slow_steps, plus lag_buckets [(upper bound ns, count), ...] of the non-empty buckets of
+    the lag histogram, each holding the lags from the previous bound up to its own, and
+    lag_sum_ns). Safe from any thread: after its sweep of closed loops (is_closed()
+    calls), it runs no Python code (the cyclic GC is off meanwhile). Ending the session
+    from another thread meanwhile is the caller's to prevent (Profiler holds a lock).
+
+    Raises RuntimeError if no session is running.
+    """
+
 def is_active() -> bool:
     """True while a session runs."""
 

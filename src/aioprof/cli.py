@@ -57,7 +57,8 @@ REPORT_EPILOG = ("Exit status: 0; 2 for a bad option or a file that is not a rea
                  "(samples for a cpu flame, the trace). See docs/cli.md.")
 # Options that take a value as the next argument: needed to find where ours end.
 _VALUE_OPTIONS = {"-o", "--output", "--format", "--sort", "--limit", "--by", "--max-tasks",
-                  "--cpu-window", "--slow-ms", "--flame", "--interval", "--trace-buffer"}
+                  "--cpu-window", "--slow-ms", "--flame", "--interval", "--trace-buffer",
+                  "--metrics"}
 # Frames of these files sit between aioprof and the program: left out of tracebacks.
 _OWN_FILES = {__file__, runpy.__file__, runpy.run_module.__code__.co_filename}
 
@@ -99,11 +100,22 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _address(text: str) -> Tuple[str, int]:
+    """HOST:PORT ([v6 address]:PORT) -> (host, port); the host is required."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(text)
+    return host, int(port)
+
+
 # argparse names the expected type from the function's __name__ in its messages.
 _count.__name__ = "integer >= 0"
 _at_least_one.__name__ = "integer >= 1"
 _positive.__name__ = "number > 0"
 _non_negative.__name__ = "number >= 0"
+_address.__name__ = "HOST:PORT address (e.g. 127.0.0.1:9464)"
 
 
 def _parser() -> _Parser:
@@ -152,6 +164,9 @@ def _parser() -> _Parser:
     p.add_argument("--trace-buffer", type=_at_least_one, default=200000, metavar="N",
                    help="with --format trace: keep the newest N trace events (default "
                         "200000)")
+    p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
+                        "program runs (needs prometheus_client; docs/prometheus.md)")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
 
@@ -673,7 +688,31 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
         session = _Session(opts)
     except Exception as e:
         raise _Error(str(e)) from None
+    if opts.metrics is not None:
+        _serve_metrics(opts.metrics, session.profiler)
     return program, session
+
+
+def _serve_metrics(address: Tuple[str, int], profiler: "aioprof.Profiler") -> None:
+    """Serve the profiler's metrics on http://HOST:PORT/metrics from prometheus_client's
+    HTTP server, in its daemon thread; raises _Error if that cannot be (no
+    prometheus_client, an address that cannot be bound)."""
+    host, port = address
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from aioprof.metrics import ProfilerCollector
+    except ImportError as e:
+        raise _Error(f"--metrics needs prometheus_client, which cannot be imported here "
+                     f"({e}; pip install prometheus-client)") from None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProfilerCollector(profiler))
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except (OSError, ValueError, OverflowError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise _Error(f"argument --metrics: cannot serve on {shown}: {reason}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:

@@ -27,6 +27,7 @@ starvation are not seen there (docs/loop-monitor.md).
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Optional
 
 __all__ = ["LoopMonitor"]
@@ -66,6 +67,8 @@ class LoopMonitor:
         # select figures are None, never 0. Any other loop class: nothing (None).
         self.ticks_seen = isinstance(loop, asyncio.base_events.BaseEventLoop)
         self.available = self.ticks_seen or type(loop).__module__.split(".")[0] == "uvloop"
+        # The thread that opened the monitor: the loop's own when opened inside it.
+        self.thread_name = threading.current_thread().name
         self._id: Optional[int] = _core.monitor_add(loop)
 
     # -- observers ------------------------------------------------------------------
@@ -130,6 +133,25 @@ class LoopMonitor:
             "running": raw["running"],
             "age_s": age / 1e9,
         }
+
+    # -- Prometheus ---------------------------------------------------------------------
+    def collect(self) -> Any:
+        """The monitor's figures as ``prometheus_client`` metric families, so that the
+        monitor is a collector: ``prometheus_client.REGISTRY.register(monitor)``.
+
+        Gauges ``aioprof_loop_utilization`` and ``aioprof_loop_load``, counters
+        ``aioprof_loop_{busy,wall,select_wait}_seconds_total`` and
+        ``aioprof_loop_{ticks,handles,select_calls}_total``, labelled ``loop`` (the
+        monitor's number), ``type`` (the loop's class) and ``thread``; nothing once
+        closed. A figure the loop class does not have (uvloop's ticks) is left out.
+        Imports prometheus_client (docs/prometheus.md)."""
+        from aioprof.metrics import monitor_metrics
+
+        return monitor_metrics(self)
+
+    def describe(self) -> list:
+        """Nothing (registering does not read the monitor)."""
+        return []
 
     # -- life cycle -------------------------------------------------------------------
     def close(self) -> None:

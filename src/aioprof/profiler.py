@@ -6,6 +6,7 @@ assembles the JSON document described in docs/json.md.
 """
 from __future__ import annotations
 
+import _thread
 import atexit
 import os
 import platform
@@ -230,6 +231,10 @@ class Profiler:
         self.slow_ms = float(slow_ms)
         self._final: Optional[dict] = None
         self._start_unix_s = 0.0
+        self._final_metrics: Optional[dict] = None
+        # Held while a metrics scrape reads the core (from its own thread) and while stop()
+        # ends the session, so that a scrape never reads a session being freed.
+        self._metrics_lock = _thread.allocate_lock()
         self._running = False
         self._uvloop: Optional[_UvloopWatch] = None
 
@@ -247,7 +252,7 @@ class Profiler:
             self._uvloop = _UvloopWatch(_core._uv_hook)
             sys.meta_path.insert(0, self._uvloop)
         self._running = True
-        self._final = None
+        self._final = self._final_metrics = None
         self._start_unix_s = time.time()
         # The sampler thread must not outlive the interpreter: stop at exit at the latest.
         atexit.register(self.stop)
@@ -263,7 +268,10 @@ class Profiler:
                 self._uvloop = None
             _core = load_core()
 
-            self._final = self._document(_core.stop(), self._start_unix_s)
+            with self._metrics_lock:
+                self._final_metrics = _core.metrics()
+                raw = _core.stop()
+            self._final = self._document(raw, self._start_unix_s)
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
@@ -315,6 +323,18 @@ class Profiler:
         note = _report.trace.dropped_note(doc, "Profiler(trace_buffer=N)") if format == "trace" else None
         if note:
             print(f"aioprof: {note}", file=sys.stderr)
+
+    def _metrics(self) -> Optional[dict]:
+        """The core's figures for aioprof.metrics (ns): per coroutine and loop, no task
+        records; the final ones after stop(), None if never started. Safe to call from
+        any thread (a metrics scrape)."""
+        with self._metrics_lock:
+            if self._running and self._final_metrics is None:
+                try:
+                    return load_core().metrics()
+                except RuntimeError:   # stopped meanwhile, by the core itself
+                    pass
+            return self._final_metrics
 
     # -- internals ----------------------------------------------------------------
     @staticmethod

@@ -26,14 +26,15 @@ def run_python(source: str, *argv: str, flags: tuple = ()) -> "subprocess.Comple
 def test_import_aioprof_imports_no_asyncio():
     proc = run_python("""\
         import sys
-        import aioprof, aioprof.cli, aioprof.report
-        print("asyncio" in sys.modules, "aioprof._core" in sys.modules)
+        import aioprof, aioprof.cli, aioprof.report, aioprof.metrics
+        print("asyncio" in sys.modules, "aioprof._core" in sys.modules,
+              "prometheus_client" in sys.modules)
         print("-- first use of LoopMonitor --", file=sys.stderr, flush=True)
         monitor = aioprof.LoopMonitor          # loaded on first use (it needs asyncio)
         print("asyncio" in sys.modules, monitor.__module__, "LoopMonitor" in dir(aioprof))
     """, flags=("-X", "importtime"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["False False", "True aioprof.monitor True"]
+    assert proc.stdout.splitlines() == ["False False False", "True aioprof.monitor True"]
     # -X importtime lists every module imported before the first print: no asyncio.
     before = proc.stderr.split("-- first use of LoopMonitor --")[0]
     assert "| aioprof" in before and "asyncio" not in before

@@ -28,6 +28,7 @@ int ap_hist_add(ap_hist_t *h, int64_t ns)
         return -1;
     h->b[ap_hist_index(ns)]++;
     h->count++;
+    h->sum += ns;
     if (ns > h->max)
         h->max = ns;
     return 0;
@@ -63,6 +64,7 @@ int ap_hist_merge(ap_hist_t *dst, const ap_hist_t *src)
     for (int i = 0; i < AP_HIST_BUCKETS; i++)
         dst->b[i] += src->b[i];
     dst->count += src->count;
+    dst->sum += src->sum;
     if (src->max > dst->max)
         dst->max = src->max;
     return 0;
@@ -74,4 +76,5 @@ void ap_hist_free(ap_hist_t *h)
     h->b = NULL;
     h->count = 0;
     h->max = 0;
+    h->sum = 0;
 }

@@ -13,6 +13,7 @@
 typedef struct {
     uint64_t count;
     int64_t max;
+    int64_t sum;   /* of the values counted (ns), for Prometheus' _sum */
     uint32_t *b;   /* AP_HIST_BUCKETS counters, allocated on first add */
 } ap_hist_t;
 

@@ -317,6 +317,15 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     /* Read inside a tick (from a handle): the tick so far is part of the wall, as the
      * select it may have waited in is already part of the select wait. */
     ap_ns_t wall = m->wall + (m->in_tick && now > m->tick_t0 ? now - m->tick_t0 : 0);
+    /* Read from another thread (a metrics scrape) while the loop waits in select: that
+     * wait so far is select wait, as it is part of the wall, so busy (wall - select wait)
+     * never counts it and never goes back down when the select ends. */
+    ap_ns_t select_wait = m->select_wait, select_capped = m->select_capped;
+    if (m->in_tick && m->in_select && now > m->select_t0) {
+        ap_ns_t wait = now - m->select_t0, cap = m->select_cap;
+        select_wait += wait;
+        select_capped += (cap >= 0 && wait > cap) ? cap : wait;
+    }
     if (m->stepped) {
         /* Called from a task step of this loop (a request handler): busy since it began. */
         if (m->in_step) {
@@ -339,8 +348,8 @@ PyObject *ap_monitor_read(PyObject *Py_UNUSED(module), PyObject *arg)
     return Py_BuildValue("{s:d,s:O,s:L,s:K,s:L,s:L,s:L,s:L,s:K,s:K,s:K,s:O}", "load", load,
                          "stepped", m->stepped ? Py_True : Py_False, "step_busy_ns", (long long)step_busy,
                          "steps", (unsigned long long)m->steps, "wall_ns", (long long)wall,
-                         "select_wait_ns", (long long)m->select_wait, "select_capped_ns",
-                         (long long)m->select_capped, "age_ns", (long long)(now - m->created), "ticks",
+                         "select_wait_ns", (long long)select_wait, "select_capped_ns",
+                         (long long)select_capped, "age_ns", (long long)(now - m->created), "ticks",
                          (unsigned long long)m->ticks, "select_calls", (unsigned long long)m->select_calls,
                          "handles", (unsigned long long)m->handles, "running",
                          m->running ? Py_True : Py_False);

@@ -244,6 +244,7 @@ typedef struct {
     uint64_t gen;         /* session number: hooks compare it to detect a stop mid-call */
     ap_ns_t t0, t_stop;
     uint64_t max_tasks, n_kept, dropped, next_task_id, next_loop_id;
+    uint64_t tasks_ended[5];   /* finished tasks by result (AP_R_*), [4]: destroyed pending */
     ap_ns_t cpu_window, slow_ns;
     int disabled;         /* a fault switched accounting off */
     PyObject *faults;     /* list of str */
@@ -412,5 +413,8 @@ int ap_hooks_uvloop(void);
 /* --- snapshot.c --- */
 /* The session's figures as a dict of lists and ints (ns), as of `now`. New ref. */
 PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now);
+/* The figures of the Prometheus collector (aioprof.metrics) only: no task, site or
+ * stack records, so cheap enough to take at every scrape (snapshot.c). */
+PyObject *ap_metrics(ap_session_t *s, ap_ns_t now);
 
 #endif /* AP_PROFILE_H */

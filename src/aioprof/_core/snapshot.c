@@ -234,13 +234,13 @@ static int cmp_slow(const void *a, const void *b)
     return (x->dur < y->dur) - (x->dur > y->dur);
 }
 
-static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l);
+static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l, int with_slow);
 
 /* A loop, or a group of folded ended loops (l->folded > 0: no id, thread name and class
  * identify it, "loops" counts them). */
-static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
+static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l, int with_slow)
 {
-    PyObject *d = loop_fields(s, l);
+    PyObject *d = loop_fields(s, l, with_slow);
     if (!d)
         return NULL;
     PyObject *tname = l->thread_name ? l->thread_name : Py_None, *mod = l->module ? l->module : Py_None;
@@ -257,13 +257,14 @@ static PyObject *loop_obj(ap_session_t *s, ap_loop_t *l)
     return d;
 }
 
-static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l)
+static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l, int with_slow)
 {
     ap_slow_t sorted[AP_SLOW_KEEP];
-    memcpy(sorted, l->slow, l->n_slow * sizeof *sorted);
-    qsort(sorted, l->n_slow, sizeof *sorted, cmp_slow);
+    uint32_t n_slow = with_slow ? l->n_slow : 0;
+    memcpy(sorted, l->slow, n_slow * sizeof *sorted);
+    qsort(sorted, n_slow, sizeof *sorted, cmp_slow);
     PyObject *slow = PyList_New(0);
-    for (uint32_t i = 0; slow && i < l->n_slow; i++) {
+    for (uint32_t i = 0; slow && i < n_slow; i++) {
         PyObject *o = slow_obj(s, &sorted[i]);
         if (!o || PyList_Append(slow, o) < 0)
             Py_CLEAR(slow);
@@ -320,6 +321,47 @@ static PyObject *loop_fields(ap_session_t *s, ap_loop_t *l)
                    "destroyed", PyBool_FromLong(l->destroyed));
 }
 
+/* The coroutine records 0..n-1, with the pending time of their live tasks (cx[i]) added. */
+static PyObject *coros_list(ap_session_t *s, uint32_t n, const extra_t *cx)
+{
+    PyObject *coros = PyList_New(0);
+    for (uint32_t i = 0; coros && i < n && i < s->n_coros; i++) {
+        ap_coro_t *c = &s->coros[i];
+        ap_code_t *code = &s->codes[c->code];
+        PyObject *o = dict_of(14, "slow_steps", u64(c->slow), "coroutine", Py_NewRef(code->qualname),
+                              "file", Py_NewRef(code->filename),
+                              "line", PyLong_FromLong(code->firstlineno), "internal", PyBool_FromLong(code->is_internal),
+                              "tasks", u64(c->tasks), "steps", u64(c->steps), "busy_ns", ns(c->busy + cx[i].busy),
+                              "cpu_ns", ns(c->cpu), "scheduled_ns", ns(c->scheduled + cx[i].scheduled),
+                              "idle_ns", ns(c->idle + cx[i].idle), "max_step_ns", ns(c->max_step),
+                              "p50_step_ns", ns(ap_hist_quantile(&c->hist, 0.5)),
+                              "p99_step_ns", ns(ap_hist_quantile(&c->hist, 0.99)));
+        if (!o || PyList_Append(coros, o) < 0)
+            Py_CLEAR(coros);
+        Py_XDECREF(o);
+    }
+    return coros;
+}
+
+static PyObject *loop_full(ap_session_t *s, ap_loop_t *l) { return loop_obj(s, l, 1); }
+
+/* A list of obj(loop) for each loop (groups: each folded group). The array is read
+ * afresh at every step: a hook run meanwhile (another thread's) may have grown it. */
+static PyObject *loops_list(ap_session_t *s, int groups, PyObject *(*obj)(ap_session_t *, ap_loop_t *))
+{
+    PyObject *list = PyList_New(0);
+    for (uint32_t i = 0; list && i < (groups ? s->n_loop_groups : s->n_loops); i++) {
+        PyObject *o = obj(s, groups ? s->loop_groups[i] : s->loops[i]);
+        if (!o || PyList_Append(list, o) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(o);
+    }
+    return list;
+}
+
+static PyObject *metrics_loop(ap_session_t *s, ap_loop_t *l);
+static PyObject *metrics_copy(ap_session_t *s, ap_ns_t now);
+
 PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
 {
     PyObject *tasks = NULL, *coros = NULL, *cbs = NULL, *sites = NULL, *loops = NULL, *folded = NULL, *res = NULL;
@@ -364,22 +406,7 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
             e->idle += now - t->t_mark;
     }
 
-    coros = PyList_New(0);
-    for (uint32_t i = 0; coros && i < s->n_coros; i++) {
-        ap_coro_t *c = &s->coros[i];
-        ap_code_t *code = &s->codes[c->code];
-        PyObject *o = dict_of(14, "slow_steps", u64(c->slow), "coroutine", Py_NewRef(code->qualname),
-                              "file", Py_NewRef(code->filename),
-                              "line", PyLong_FromLong(code->firstlineno), "internal", PyBool_FromLong(code->is_internal),
-                              "tasks", u64(c->tasks), "steps", u64(c->steps), "busy_ns", ns(c->busy + cx[i].busy),
-                              "cpu_ns", ns(c->cpu), "scheduled_ns", ns(c->scheduled + cx[i].scheduled),
-                              "idle_ns", ns(c->idle + cx[i].idle), "max_step_ns", ns(c->max_step),
-                              "p50_step_ns", ns(ap_hist_quantile(&c->hist, 0.5)),
-                              "p99_step_ns", ns(ap_hist_quantile(&c->hist, 0.99)));
-        if (!o || PyList_Append(coros, o) < 0)
-            Py_CLEAR(coros);
-        Py_XDECREF(o);
-    }
+    coros = coros_list(s, s->n_coros, cx);
     if (!coros)
         goto done;
 
@@ -422,20 +449,8 @@ PyObject *ap_snapshot(ap_session_t *s, ap_ns_t now)
         goto done;
 
     ap_loop_sweep(s, 1);
-    loops = PyList_New(0);
-    for (uint32_t i = 0; loops && i < s->n_loops; i++) {
-        PyObject *o = loop_obj(s, s->loops[i]);
-        if (!o || PyList_Append(loops, o) < 0)
-            Py_CLEAR(loops);
-        Py_XDECREF(o);
-    }
-    folded = PyList_New(0);
-    for (uint32_t i = 0; folded && i < s->n_loop_groups; i++) {
-        PyObject *o = loop_obj(s, s->loop_groups[i]);
-        if (!o || PyList_Append(folded, o) < 0)
-            Py_CLEAR(folded);
-        Py_XDECREF(o);
-    }
+    loops = loops_list(s, 0, loop_full);
+    folded = loops_list(s, 1, loop_full);
     if (!loops || !folded)
         goto done;
 
@@ -460,5 +475,100 @@ done:
     PyMem_RawFree(inner_idle);
     PyMem_RawFree(site_count);
     PyMem_RawFree(inner_count);
+    return res;
+}
+
+/* ------------------------------------------------------------------ metrics */
+
+/* A histogram's non-empty buckets as [(upper bound ns, count), ...]: the bucket holds the
+ * values from the previous bucket's bound up to (not including) its own. */
+static PyObject *hist_buckets(const ap_hist_t *h)
+{
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list && h->b && i < AP_HIST_BUCKETS; i++) {
+        if (!h->b[i])
+            continue;
+        PyObject *o = Py_BuildValue("(LI)", (long long)ap_hist_lower(i + 1), (unsigned)h->b[i]);
+        if (!o || PyList_Append(list, o) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(o);
+    }
+    return list;
+}
+
+/* A loop or a folded group, as loop_obj without its slow steps, plus its lag histogram:
+ * lag_buckets, lag_sum_ns (lag_count is there already). */
+static PyObject *metrics_loop(ap_session_t *s, ap_loop_t *l)
+{
+    PyObject *d = loop_obj(s, l, 0);
+    if (!d)
+        return NULL;
+    PyObject *b = hist_buckets(&l->lag_hist), *sum = ns(l->lag_hist.sum);
+    if (!b || !sum || PyDict_SetItemString(d, "lag_buckets", b) < 0 || PyDict_SetItemString(d, "lag_sum_ns", sum) < 0 ||
+        PyDict_DelItemString(d, "slow_steps") < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(b);
+    Py_XDECREF(sum);
+    return d;
+}
+
+PyObject *ap_metrics(ap_session_t *s, ap_ns_t now)
+{
+    /* Called from a scrape's thread while the loops run in theirs: after the sweep (which
+     * calls is_closed(), Python code), no Python code may run until the copy is done, or
+     * the GIL could pass to a loop's thread whose hooks change the tables under it. So
+     * the cyclic GC (finalizers) is off meanwhile: making ints, dicts and lists runs none. */
+    ap_loop_sweep(s, 1);
+    int gc_was_on = PyGC_Disable();
+    PyObject *res = metrics_copy(s, now);
+    if (gc_was_on)
+        PyGC_Enable();
+    return res;
+}
+
+static PyObject *metrics_copy(ap_session_t *s, ap_ns_t now)
+{
+    /* The pending time of live tasks, per coroutine, and their states. */
+    uint32_t n_coros = s->n_coros;
+    extra_t *cx = PyMem_RawCalloc(n_coros + 1, sizeof *cx);
+    if (!cx)
+        return PyErr_NoMemory();
+    uint64_t running = 0, ready = 0, suspended = 0;
+    for (size_t i = 0; i < s->live.cap; i++) {
+        ap_task_t *t = (ap_task_t *)s->live.vals[i];
+        if (!s->live.keys[i] || !t)
+            continue;
+        extra_t *e = t->coro_idx < n_coros ? &cx[t->coro_idx] : &cx[n_coros];
+        if (t->state == AP_RUNNING) {
+            running++;
+            e->busy += now - t->t_step;
+        } else if (t->state == AP_READY) {
+            ready++;
+            e->scheduled += now - t->t_mark;
+        } else if (t->state == AP_SUSPENDED) {
+            suspended++;
+            e->idle += now - t->t_mark;
+        }
+    }
+    PyObject *coros = coros_list(s, n_coros, cx), *loops = NULL, *folded = NULL, *res = NULL;
+    PyMem_RawFree(cx);
+    if (!coros)
+        return NULL;
+    loops = loops_list(s, 0, metrics_loop);
+    folded = loops_list(s, 1, metrics_loop);
+    if (loops && folded) {
+        PyObject *states = Py_BuildValue("{s:K,s:K,s:K}", "running", (unsigned long long)running, "scheduled",
+                                         (unsigned long long)ready, "idle", (unsigned long long)suspended);
+        PyObject *ended = Py_BuildValue("{s:K,s:K,s:K,s:K}", "done", (unsigned long long)s->tasks_ended[AP_R_DONE],
+                                        "cancelled", (unsigned long long)s->tasks_ended[AP_R_CANCELLED],
+                                        "failed", (unsigned long long)s->tasks_ended[AP_R_FAILED],
+                                        "destroyed", (unsigned long long)s->tasks_ended[4]);
+        res = dict_of(7, "wall_ns", ns((s->t_stop ? s->t_stop : now) - s->t0), "slow_ns", ns(s->slow_ns),
+                      "tasks_now", states, "tasks_ended", ended, "coroutines", Py_NewRef(coros),
+                      "loops", Py_NewRef(loops), "loops_folded", Py_NewRef(folded));
+    }
+    Py_DECREF(coros);
+    Py_XDECREF(loops);
+    Py_XDECREF(folded);
     return res;
 }

@@ -513,6 +513,7 @@ void ap_task_free(ap_task_t *t)
  * kept, otherwise it is freed. */
 static void task_retire(ap_session_t *s, ap_task_t *t)
 {
+    s->tasks_ended[t->destroyed ? 4 : t->result]++;
     ap_table_del(&s->live, t->addr);
     if (t->wr) {
         ap_table_del(&s->wr_tab, (uintptr_t)t->wr);

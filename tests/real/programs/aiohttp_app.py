@@ -2,10 +2,13 @@
 
 3 sequential GET /work requests; the handler awaits asyncio.sleep(SLEEP) at [IDLE], blocks
 in time.sleep(BLOCK) at [BLOCK] and starts a task at [SPAWN]. The program's own
-measurements go to the JSON file argv[1]; stdout gets the responses only.
+measurements go to the JSON file argv[1]; stdout gets the responses only. With REAL_HOLD=1
+(tests/real/test_prometheus.py) it writes them and prints "served" once its handlers are
+done, then serves on until its stdin closes.
 """
 import asyncio
 import os
+import sys
 import time
 
 from aiohttp import ClientSession, web
@@ -43,6 +46,10 @@ async def main():
                     body = await r.json()
             print(r.status, body)
     await asyncio.gather(*spawned)
+    if os.environ.get("REAL_HOLD"):   # tests/real/test_prometheus.py: serve on, figures final
+        costs.write()
+        print("served", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)   # until EOF
     await runner.cleanup()
     costs.write()
 
