@@ -31,6 +31,8 @@ fi
 apt_install make gcc libc6-dev valgrind
 # debootstrap: the root file system of 3.14/3.15 (tools/python), set up by `make deps-all`.
 apt_install debootstrap
+# cppcheck: `make lint`, a step of `make test`.
+apt_install cppcheck
 apt_install libc6-dbg || echo "install-deps: libc6-dbg not installed (optional)" >&2
 # tests/real/ starts its own PostgreSQL server (initdb + postgres from /usr/lib/postgresql/*/bin,
 # in a temporary directory; the packaged cluster is not used).

@@ -2,8 +2,8 @@
 # `make test`: setup (tools/install-deps.sh: missing Debian packages, then the pip test
 # dependencies of every interpreter), then build and pytest on each interpreter in $PYTHONS,
 # and CPython's own test_asyncio under aioprof on each, without and with sampling
-# (tests/suites/, docs/testing.md), then `make asan`, `make valgrind` and `make debug`
-# (3.14's debug build). Every step runs
+# (tests/suites/, docs/testing.md), then the MicroPython port's tests, `make lint`
+# (cppcheck), `make asan`, `make valgrind` and `make debug` (3.14's debug build). Every step runs
 # even when an earlier one failed
 # (pytest is skipped only for an interpreter whose build failed), and the summary at the
 # end names the failures. Exit status 0 only if every step passed.
@@ -41,6 +41,7 @@ for py in $PYTHONS; do
     fi
 done
 step "micropython" "$MAKE" --no-print-directory test-micropython PY="${PYTHONS%% *}"
+step "lint (cppcheck)" "$MAKE" --no-print-directory lint
 step "asan" "$MAKE" --no-print-directory asan
 step "valgrind" "$MAKE" --no-print-directory valgrind
 step "debug (3.14-dbg)" "$MAKE" --no-print-directory debug

@@ -1197,9 +1197,8 @@ void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin)
     }
     if (th->watch_slot > 0)
         atomic_store_explicit(&S.starts[th->watch_slot - 1], begin ? now : 0, memory_order_relaxed);
-    if (begin)
-        watch_restart();
     if (begin) {
+        watch_restart();
         th->step_start = now;
         th->step_serial++;
         th->block_site1 = 0;
