@@ -167,6 +167,10 @@ def _parser() -> _Parser:
     p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
                         "program runs (needs prometheus_client; docs/prometheus.md)")
+    p.add_argument("--subprocesses", action="store_true",
+                   help="profile the program's child processes too (fork, multiprocessing, "
+                        "subprocess running Python) and merge their figures into the "
+                        "report; --by process shows one row per process")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
 
@@ -536,6 +540,13 @@ class _Session:
         self.written = False
         self.term_handler: Optional[_TermHandler] = None
         self.profiler = aioprof.Profiler(**_profiler_kwargs(opts))
+        self.parent: Any = None   # aioprof.subprocesses.Parent with --subprocesses
+
+    def follow_subprocesses(self) -> None:
+        from aioprof import subprocesses
+
+        self.parent = subprocesses.Parent(_profiler_kwargs(self.opts))
+        self.parent.follow_forks(self)
 
     def watch_sigterm(self) -> None:
         """Take SIGTERM if it is at its default action (not if ignored or handled)."""
@@ -577,6 +588,9 @@ class _Session:
             warnings.simplefilter("ignore")
             self.profiler.stop()
             doc = self.profiler.stats()
+        notes: List[str] = []
+        if self.parent is not None:
+            doc, notes = self.parent.merged(doc)
         o = self.opts
 
         def render(file: IO[str]) -> None:
@@ -592,8 +606,8 @@ class _Session:
             render(file)
             file.flush()
         note = report.trace.dropped_note(doc)   # silent drops were issue 7, item 11
-        if note:
-            _say(note)
+        for line in notes + ([note] if note else []):
+            _say(line)
 
 
 def _interval_ms(opts: argparse.Namespace) -> float:
@@ -690,6 +704,11 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
         raise _Error(str(e)) from None
     if opts.metrics is not None:
         _serve_metrics(opts.metrics, session.profiler)
+    if opts.subprocesses:
+        try:
+            session.follow_subprocesses()
+        except OSError as e:
+            raise _Error(f"--subprocesses: cannot make the parts directory: {e}") from None
     return program, session
 
 

@@ -261,11 +261,7 @@ class Profiler:
     def stop(self) -> "Profiler":
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
         if self._running:
-            self._running = False
-            atexit.unregister(self.stop)
-            if self._uvloop is not None:
-                self._uvloop.remove()
-                self._uvloop = None
+            self._unhook()
             _core = load_core()
 
             with self._metrics_lock:
@@ -276,6 +272,26 @@ class Profiler:
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
         return self
+
+    def _unhook(self) -> None:
+        """Not running any more: no stop at exit, no watch for uvloop's import."""
+        self._running = False
+        atexit.unregister(self.stop)
+        if self._uvloop is not None:
+            self._uvloop.remove()
+            self._uvloop = None
+
+    def _abandon(self) -> None:
+        """In a forked child (aioprof.subprocesses): the running session was copied from
+        the parent and its figures are the parent's; drop it, no report, no warnings."""
+        if self._running:
+            self._unhook()
+            with self._metrics_lock:
+                try:
+                    load_core().stop()
+                except RuntimeError:
+                    pass
+            self._final = self._final_metrics = None
 
     @property
     def running(self) -> bool:

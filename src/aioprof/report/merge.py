@@ -20,7 +20,7 @@ saved report").
   them);
 - ``trace`` is dropped: the runs' times are seconds since each one's own start;
 - ``wall_s`` is the longest run's, ``start_unix_s`` the earliest start, ``pids`` lists
-  every report's pid, ``python`` the versions seen, ``dropped_tasks`` the sum, and
+  every report's pid, ``processes`` one row of figures per report (`process_row`), ``python`` the versions seen, ``dropped_tasks`` the sum, and
   ``warnings`` and ``loop_notes`` every distinct line.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["VERSION", "ReportError", "load", "merge"]
+__all__ = ["VERSION", "ReportError", "load", "merge", "process_row"]
 
 VERSION = 1   # the "aioprof" field this aioprof writes and reads
 
@@ -184,6 +184,29 @@ def _stacks(docs: Sequence[dict], merged: dict) -> None:
         merged["frames"] = frames
 
 
+_PROCESS_SUMS = ("steps", "busy_s", "scheduled_s", "idle_s", "cpu_s")
+
+
+def process_row(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """The figures of one report's process (the ``processes`` rows of a merge): its pid,
+    argv, whether its figures are final (false: a child's last periodic part, written
+    before it was killed or while it still ran), tasks (recorded and dropped), loops, and
+    the sums over its coroutines that are not asyncio's own."""
+    info = doc.get("process") if isinstance(doc.get("process"), dict) else {}
+    rows = [r for r in doc.get("coroutines") or [] if isinstance(r, dict) and not r.get("internal")]
+    tasks = len([t for t in doc.get("tasks") or [] if isinstance(t, dict) and not t.get("internal")])
+    out: Dict[str, Any] = {
+        "pid": doc.get("pid"), "argv": info.get("argv"),
+        "final": info.get("final", True), "start_unix_s": doc.get("start_unix_s"),
+        "wall_s": doc.get("wall_s"),
+        "tasks": tasks + (doc.get("dropped_tasks") if _is_number(doc.get("dropped_tasks")) else 0),
+        "loops": len(doc.get("loops") or [])}
+    for key in _PROCESS_SUMS:
+        values = [r.get(key) for r in rows if _is_number(r.get(key))]
+        out[key] = sum(values) if values else (0 if key == "steps" else 0.0)
+    return out
+
+
 def _distinct(docs: Sequence[dict], key: str) -> List[Any]:
     seen: Dict[str, Any] = {}
     for doc in docs:
@@ -212,6 +235,7 @@ def merge(docs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     merged: Dict[str, Any] = {
         "aioprof": VERSION, "python": ", ".join(pythons) or None,
         "pids": [d.get("pid") for d in docs],
+        "processes": [process_row(d) for d in docs],
         "start_unix_s": min(starts) if starts else None,
         "wall_s": max(walls) if walls else None,
     }

@@ -34,7 +34,7 @@ from aioprof.report import collapsed
 __all__ = ["DEFAULT_LIMIT", "MIN_WIDTH", "SORTS", "VIEWS", "check_options", "render"]
 
 SORTS = ("busy", "cpu", "scheduled", "idle", "steps", "max")
-VIEWS = ("coroutine", "task", "site", "callback", "stack")
+VIEWS = ("coroutine", "task", "site", "callback", "stack", "process")
 DEFAULT_LIMIT = 20      # rows of the main table when limit is None; limit=0 shows all
 MIN_WIDTH = 80          # the report is never laid out narrower than this
 FULL_WIDTH = 100_000    # the width of a report written to a file or a pipe: whole rows
@@ -84,7 +84,7 @@ def render(doc: Dict[str, Any], *, sort: str = "busy", limit: Optional[int] = No
     limit: rows of the main table; None means DEFAULT_LIMIT, 0 means all.
     by: the main table: coroutine, task, site or callback; or stack: the sampled time
         (doc["samples"]) as a call tree, nodes below 1% of it left out, at most `limit`
-        children per node.
+        children per node; or process: one row per process of a merged report.
     show_internal: include asyncio's own tasks, coroutines and callbacks.
     width: the line length to fit (at least MIN_WIDTH); default the terminal's width.
     ellipsis: marks shortened cells ("..." for streams that cannot encode U+2026).
@@ -106,6 +106,8 @@ def render(doc: Dict[str, Any], *, sort: str = "busy", limit: Optional[int] = No
         sections.append(r.sites())
     elif by == "stack":
         sections.append(r.call_tree())
+    elif by == "process":
+        sections.append(r.processes())
     if by == "callback":
         sections.append(r.callbacks(r.limit))
     else:
@@ -323,6 +325,13 @@ def _int_col(header: str, field: str, drop: int = 0) -> _Col:
     return _Col(header, lambda row: _int(row.get(field)), right=True, drop=drop)
 
 
+def _time_cols(cpu_drop: int) -> List[_Col]:
+    """busy, sched, idle and cpu ms: the time columns of the coroutine, task and process
+    tables."""
+    return [_ms_col("busy ms", "busy_s"), _ms_col("sched ms", "scheduled_s"),
+            _ms_col("idle ms", "idle_s"), _ms_col("cpu ms", "cpu_s", drop=cpu_drop)]
+
+
 def _layout(cols: Sequence[_Col], cells: List[List[str]], width: int
             ) -> Tuple[List[int], List[Optional[int]]]:
     """Choose the columns shown and their widths so a line fits in `width`.
@@ -515,10 +524,7 @@ class _Renderer:
             _Col("parent", lambda r: _int(r.get("parent")), right=True, drop=9),
             _Col("state", state, flex=9, drop=8),
             _int_col("steps", "steps"),
-            _ms_col("busy ms", "busy_s"),
-            _ms_col("sched ms", "scheduled_s"),
-            _ms_col("idle ms", "idle_s"),
-            _ms_col("cpu ms", "cpu_s", drop=6),
+            *_time_cols(cpu_drop=6),
             _ms_col("max ms", "max_step_s", drop=7),
             _Col("await site", await_site, flex=10, drop=2),
         ]
@@ -529,6 +535,34 @@ class _Renderer:
             lines.append(f"({int(dropped)} more tasks not recorded past max_tasks; "
                          f"the coroutine view counts them)")
         return lines
+
+    def processes(self) -> List[str]:
+        """One row per process of a merged report (--subprocesses, aioprof report A B):
+        its tasks and the sums over its coroutines (asyncio's own left out)."""
+        from aioprof.report.merge import process_row
+
+        rows = [r for r in _list(self.doc, "processes")] or [process_row(self.doc)]
+        rows = _sorted(rows, _SORT_FIELD[self.sort] if self.sort != "max" else "busy_s")
+        total = len(rows)
+        if self.limit:
+            rows = rows[: self.limit]
+
+        def command(r: dict) -> str:
+            argv = r.get("argv")
+            text = " ".join(map(str, argv)) if isinstance(argv, list) and argv else "-"
+            return text if r.get("final", True) else f"{text} (not final)"
+
+        cols = [
+            _int_col("pid", "pid"),
+            _int_col("tasks", "tasks", drop=5),
+            _int_col("loops", "loops", drop=6),
+            _int_col("steps", "steps", drop=4),
+            *_time_cols(cpu_drop=3),
+            _ms_col("wall ms", "wall_s", drop=7),
+            _Col("command", command, flex=12, drop=2),
+        ]
+        title = f"Processes by {_SORT_LABEL[self.sort if self.sort != 'max' else 'busy']}"
+        return self._title(title, total, len(rows), 0) + self._table(cols, rows)
 
     def sites(self) -> List[str]:
         field = _SITE_SORT.get(self.sort, "idle_s")
