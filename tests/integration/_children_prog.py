@@ -27,7 +27,10 @@ async def work(sleep_s, spin_s):
 
 async def child_main(tag, sleep_s, spin_s):
     slept, spun = await asyncio.create_task(work(sleep_s, spin_s))
-    print(json.dumps({"tag": tag, "pid": os.getpid(), "slept_s": slept, "spun_s": spun}), flush=True)
+    # One write: the Pool's two workers print at the same time (print writes the line and
+    # its newline apart when stdout is unbuffered).
+    sys.stdout.write(json.dumps({"tag": tag, "pid": os.getpid(), "slept_s": slept, "spun_s": spun}) + "\n")
+    sys.stdout.flush()
 
 
 def run(tag, sleep_s=0.03, spin_s=0.05):
