@@ -15,7 +15,8 @@ How each kind of child is followed (docs/cli.md, "Worker processes"):
 
 Each child writes its report document (docs/json.md, with a ``process`` member) as
 ``<pid>.json`` into a private directory (mode 0700) that the parent made: every
-`PERIOD_S` seconds from a thread of its own, at SIGTERM left at its default, and at exit
+`PERIOD_S` seconds (or 20 times as long as a write took, if longer) from a thread of its
+own, at SIGTERM left at its default, and at exit
 (atexit, or multiprocessing's exit for its fork and forkserver children), each time
 written beside it and renamed, so a child that is killed loses only what it did since
 its last write. The parent never waits for a child: at its end it merges its own
@@ -150,9 +151,13 @@ class _Writer:
             self.stop_lock = self.done = None
 
     def _run(self, stop: Any, done: Any) -> None:
+        wait = self.period_s
         try:
-            while not stop.acquire(timeout=self.period_s):
+            while not stop.acquire(timeout=wait):
+                t = time.perf_counter()
                 self.child.write(final=False)
+                # A large report takes long to write: at most ~5% of the time goes to it.
+                wait = max(self.period_s, 20 * (time.perf_counter() - t))
         except BaseException:
             pass
         finally:

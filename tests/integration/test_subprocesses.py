@@ -220,3 +220,35 @@ def test_killed_and_still_running_children(tmp_path):
         assert child["spun_s"] <= tasks[0]["busy_s"] <= child["spun_s"] + BUSY_SLACK
     rows = {p["pid"]: p for p in doc["processes"]}
     assert rows[killed["pid"]]["final"] is False and rows[running["pid"]]["final"] is False
+
+
+SIGTERM_IN_WRITE = textwrap.dedent("""\
+    import os, signal, sys
+    from aioprof import subprocesses
+
+    real = subprocesses._write_json
+
+    def write(path, doc):
+        if doc["process"]["final"]:
+            os.kill(os.getpid(), signal.SIGTERM)   # its handler runs inside this write
+        real(path, doc)
+
+    subprocesses._write_json = write
+    subprocesses.start_child({"dir": sys.argv[1], "kwargs": {}, "period_s": 0})
+    sys.exit(0)
+""")
+
+
+def test_sigterm_during_the_final_write_dies_after_it(tmp_path):
+    """A SIGTERM whose handler runs inside the child's own final write (a Pool terminating
+    its workers as they exit) lets that write end, then the child dies of SIGTERM: no
+    deadlock on the write's lock."""
+    (tmp_path / "prog.py").write_text(SIGTERM_IN_WRITE)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    done = subprocess.run([sys.executable, tmp_path / "prog.py", parts], capture_output=True,
+                          text=True, env=_env(), timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    (part,) = parts.iterdir()
+    assert part.name == f"{json.loads(part.read_text())['pid']}.json"
+    assert json.loads(part.read_text())["process"]["final"] is True
