@@ -145,7 +145,8 @@ def _parser() -> _Parser:
                         f"tree (default {report.text.DEFAULT_LIMIT}; 0 = all)")
     p.add_argument("--by", choices=report.VIEWS, default="coroutine",
                    help="main table: per coroutine function (default), per task, per await "
-                        "site, per callback, or the sampled time as a call tree (stack)")
+                        "site, per callback, the sampled time as a call tree (stack), or "
+                        "per process (with --subprocesses)")
     p.add_argument("--show-internal", action="store_true",
                    help="include asyncio's own tasks, coroutines and callbacks")
     p.add_argument("--max-tasks", type=_count, default=10000, metavar="N",
