@@ -24,6 +24,7 @@ import importlib.util
 import io
 import os
 import pkgutil
+import re
 import runpy
 import signal
 import stat
@@ -44,7 +45,8 @@ DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then wr
                "everything after it is passed to the program.")
 EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof cannot "
           "start the program (bad option, missing script or module, unwritable -o file). "
-          "See docs/cli.md.")
+          "See docs/cli.md. `python -m aioprof snapshot PID`: the report of a running "
+          "process started with --listen, as of now (docs/live.md).")
 # Options that take a value as the next argument: needed to find where ours end.
 _VALUE_OPTIONS = {"-o", "--output", "--format", "--sort", "--limit", "--by", "--max-tasks",
                   "--cpu-window", "--slow-ms", "--flame", "--interval", "--trace-buffer"}
@@ -141,6 +143,10 @@ def _parser() -> _Parser:
     p.add_argument("--trace-buffer", type=_at_least_one, default=200000, metavar="N",
                    help="with --format trace: keep the newest N trace events (default "
                         "200000)")
+    p.add_argument("--listen", nargs="?", const="unix", default=None, metavar="HOST:PORT",
+                   help="serve the figures while the program runs, to `python -m aioprof "
+                        "snapshot PID` of the same user, on a Unix socket only this user can "
+                        "reach (docs/live.md); HOST:PORT (TCP) is not supported yet")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
 
@@ -167,10 +173,19 @@ def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str]
             if arg.startswith(flag):
                 return list(argv[:i]), kind, arg[2:], list(argv[i + 1:])
         if arg.startswith("-") and arg != "-":
-            i += 2 if arg in _VALUE_OPTIONS else 1
+            i += 2 if arg in _VALUE_OPTIONS or _listen_address_follows(argv, i) else 1
             continue
         return list(argv[:i]), "script", arg, list(argv[i + 1:])
     return list(argv), None, None, []
+
+
+def _listen_address_follows(argv: Sequence[str], i: int) -> bool:
+    """True when argv[i] is ``--listen`` and the next argument is its HOST:PORT (not a
+    file): ``--listen`` alone takes no value, so ``--listen app.py`` runs app.py."""
+    if argv[i] != "--listen" or i + 1 >= len(argv):
+        return False
+    nxt = argv[i + 1]
+    return bool(re.fullmatch(r"[\w.\-\[\]:]*:\d+", nxt)) and not os.path.exists(nxt)
 
 
 def _exit_status(code: Any) -> int:
@@ -515,11 +530,15 @@ def _profiler_kwargs(opts: argparse.Namespace) -> dict:
     return {"max_tasks": opts.max_tasks, "cpu_window_ms": opts.cpu_window,
             "slow_ms": opts.slow_ms, "interval_ms": _interval_ms(opts),
             "async_stacks": opts.format == "collapsed" or opts.by == "stack",
-            "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer}
+            "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer,
+            "listen": True if opts.listen else None}   # None: AIOPROF_LISTEN decides
 
 
 def _check(opts: argparse.Namespace) -> None:
     """Option combinations that cannot give a report (raises _Error)."""
+    if opts.listen not in (None, "unix"):
+        raise _Error(f"argument --listen: {opts.listen}: listening on TCP (HOST:PORT) is not "
+                     f"supported yet; --listen alone listens on a Unix socket")
     if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
         raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
                      f"turns sampling off")
@@ -583,6 +602,18 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
     return program, session
 
 
+def _snapshot_command(argv: Sequence[str]) -> int:
+    """`python -m aioprof snapshot PID ...` (aioprof.live.client)."""
+    from aioprof.live.client import snapshot_main
+
+    return snapshot_main(argv)
+
+
+# Sub-commands: a first argument with one of these names is the command, not a script
+# (a script of that name runs as ./NAME).
+_COMMANDS: "dict[str, Callable[[Sequence[str]], int]]" = {"snapshot": _snapshot_command}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     """Run the command line `argv` (default sys.argv[1:]); ends with SystemExit, or with
     the program's uncaught KeyboardInterrupt.
@@ -594,6 +625,8 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     """
     if argv is None:
         argv = sys.argv[1:]
+    if argv and argv[0] in _COMMANDS:
+        raise SystemExit(_COMMANDS[argv[0]](argv[1:]))
     try:
         program, session = _setup(argv)
         program.set_argv()
