@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import stat
@@ -198,6 +199,8 @@ def live(xdg, tmp_path_factory) -> Dict[str, Any]:
                             stderr=subprocess.PIPE)
     r: Dict[str, Any] = {"tmp": tmp}
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)   # a deadline, not a hang
+        assert ready, "the program did not reach its pause within 120 s"
         r["first line"] = proc.stdout.readline().decode()
         r["paused"] = json.loads(r["first line"])
         pid = r["pid"] = r["paused"]["pid"]
@@ -404,7 +407,7 @@ def test_snapshot_errors_are_one_line(xdg):
         assert words in p.stderr, (args, p.stderr)
 
 
-def test_listen_refuses_unsafe_directory_and_tcp(tmp_path):
+def test_listen_refuses_unsafe_directory_and_tcp(tmp_path, xdg):
     base = tempfile.mkdtemp(prefix="aioprof-xdg-", dir="/tmp")
     try:
         os.chmod(base, 0o755)
@@ -414,6 +417,9 @@ def test_listen_refuses_unsafe_directory_and_tcp(tmp_path):
         p = _cli(["--listen", "-c", "print('ran')"], env)
         assert p.returncode == 2 and p.stdout == "", p
         assert p.stderr.count("\n") == 1 and "mode is 0755" in p.stderr and "must be 0700" in p.stderr, p.stderr
+        p = _cli(["snapshot", str(os.getpid())], env)   # a client does not trust it either
+        assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p
+        assert "mode is 0755" in p.stderr, p.stderr
         if os.geteuid() == 0:
             os.chmod(os.path.join(base, "aioprof"), 0o700)
             os.chown(os.path.join(base, "aioprof"), NOBODY, NOBODY)
@@ -425,7 +431,7 @@ def test_listen_refuses_unsafe_directory_and_tcp(tmp_path):
         assert "not supported yet" in p.stderr, p.stderr
         # --listen takes no value otherwise: the script after it runs
         (tmp_path / "app.py").write_text("print('ran', flush=True)\n")
-        p = _cli(["--listen", "-o", os.devnull, str(tmp_path / "app.py")], _env(tempfile.gettempdir() + "/no-such-xdg"))
+        p = _cli(["--listen", "-o", os.devnull, str(tmp_path / "app.py")], _env(xdg))
         assert p.returncode == 0 and p.stdout == "ran\n", p
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from typing import IO, Any, Dict, NoReturn, Sequence
+from typing import IO, Any, Dict, NoReturn, Optional, Sequence
 
 from aioprof.live import ENV, ListenError, paths, protocol
 
@@ -45,16 +45,20 @@ def _find_socket(pid: int) -> str:
     except PermissionError:
         raise SnapshotError(f"process {pid} belongs to another user; only its own user "
                             f"can read its figures") from None
+    refused: Optional[str] = None
     for directory in paths.candidate_dirs():
         path = os.path.join(directory, paths.socket_name(pid))
         try:
             paths.check_dir(directory)
         except FileNotFoundError:
             continue
-        except (ListenError, OSError) as e:
-            raise SnapshotError(str(e)) from None
+        except (ListenError, OSError) as e:   # not trusted; the socket may be in the other
+            refused = refused or str(e)
+            continue
         if os.path.exists(path):
             return path
+    if refused is not None:
+        raise SnapshotError(refused)
     raise SnapshotError(f"process {pid} is not listening (no {paths.socket_name(pid)} in "
                         f"{' or '.join(paths.candidate_dirs())}); {NOT_LISTENING}")
 
