@@ -146,7 +146,8 @@ def _parser() -> _Parser:
     p.add_argument("--listen", nargs="?", const="unix", default=None, metavar="HOST:PORT",
                    help="serve the figures while the program runs, to `python -m aioprof "
                         "snapshot PID` of the same user, on a Unix socket only this user can "
-                        "reach (docs/live.md); HOST:PORT (TCP) is not supported yet")
+                        "reach (docs/live.md); with 127.0.0.1:PORT on a loopback TCP port "
+                        "instead, each request carrying the token printed on stderr")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
 
@@ -531,14 +532,18 @@ def _profiler_kwargs(opts: argparse.Namespace) -> dict:
             "slow_ms": opts.slow_ms, "interval_ms": _interval_ms(opts),
             "async_stacks": opts.format == "collapsed" or opts.by == "stack",
             "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer,
-            "listen": True if opts.listen else None}   # None: AIOPROF_LISTEN decides
+            "listen": opts.listen}   # None: AIOPROF_LISTEN decides
 
 
 def _check(opts: argparse.Namespace) -> None:
     """Option combinations that cannot give a report (raises _Error)."""
-    if opts.listen not in (None, "unix"):
-        raise _Error(f"argument --listen: {opts.listen}: listening on TCP (HOST:PORT) is not "
-                     f"supported yet; --listen alone listens on a Unix socket")
+    if opts.listen is not None:
+        from aioprof.live import ListenError, listen_target
+
+        try:
+            listen_target(opts.listen, source="--listen")
+        except (ListenError, ValueError) as e:
+            raise _Error(str(e)) from None
     if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
         raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
                      f"turns sampling off")

@@ -60,8 +60,9 @@ def _milliseconds(name: str, value: Optional[float], old_name: str, old_seconds:
     return value
 
 
-def _listen_target(listen: Any) -> Optional[str]:
-    """aioprof.live.listen_target: None or "unix"; a bad AIOPROF_LISTEN is a warning."""
+def _listen_target(listen: Any) -> Any:
+    """aioprof.live.listen_target: None, "unix" or (host, port); a bad AIOPROF_LISTEN is a
+    warning."""
     from aioprof.live import ListenError, listen_target
 
     try:
@@ -210,9 +211,13 @@ class Profiler:
         listen: serve the figures while running, to ``python -m aioprof snapshot PID``
             of the same user, on the Unix socket ``PID.sock`` in a directory only this
             user can enter (docs/live.md). True (or "unix") listens, False does not;
-            None (the default) listens if the environment has ``AIOPROF_LISTEN=1``. The
-            socket is made by ``start()`` and removed by ``stop()``. A ``HOST:PORT``
-            (TCP) is not supported yet: ValueError.
+            None (the default) listens if the environment has ``AIOPROF_LISTEN=1`` (or
+            ``AIOPROF_LISTEN=HOST:PORT``). The socket is made by ``start()`` and removed
+            by ``stop()``. A string ``"HOST:PORT"`` listens on TCP instead, on a
+            loopback address only (``127.0.0.1:0`` picks a free port): ``start()``
+            prints the port and a random token on stderr and writes them to
+            ``PID.tcp`` (mode 0600) in that directory; every request must carry the
+            token. Another address is a ValueError.
         interval, cpu_window: deprecated (DeprecationWarning): the same in seconds.
 
     Raises:
@@ -291,6 +296,10 @@ class Profiler:
             self._server = server.start()
         except ListenError as e:   # no thread could be started
             self._listen_failed(e)
+            return
+        line = server.announcement()   # TCP: the token, for the owner's eyes
+        if line is not None:
+            print(f"aioprof: {line}", file=sys.stderr, flush=True)
 
     def _listen_failed(self, error: Exception) -> None:
         """Listening cannot start: one warning if only AIOPROF_LISTEN asked for it (the
@@ -309,7 +318,7 @@ class Profiler:
         from aioprof.live.server import Server
 
         try:
-            return Server(self._live_snapshot, __version__)
+            return Server(self._live_snapshot, __version__, self._listen)
         except ListenError as e:
             self._listen_failed(e)
             return None

@@ -36,18 +36,21 @@ pytestmark = [pytest.mark.timing]
 
 N_BLOCK, BLOCK_MS, N_SLEEP, SLEEP_MS, AFTER_MS = 4, 30, 4, 40, 50
 
-PROGRAM = f"""
-import asyncio, json, os, signal, sys, time
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # a client that vanishes must not kill us
-P = time.perf_counter
-
+# Blocks the loop N_BLOCK times for BLOCK_MS ms (time.sleep), measuring each block.
+BLOCKER = f"""
 async def blocker():
     busy = 0.0
     for _ in range({N_BLOCK}):
         t = P(); time.sleep({BLOCK_MS} / 1e3); busy += P() - t
         await asyncio.sleep(0)
     return busy
+"""
 
+PROGRAM = f"""
+import asyncio, json, os, signal, sys, time
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # a client that vanishes must not kill us
+P = time.perf_counter
+{BLOCKER}
 async def sleeper():
     waited = 0.0
     for _ in range({N_SLEEP}):
@@ -133,17 +136,20 @@ def _raw(path: str, data: bytes, *, read: bool = True, timeout: float = 20.0) ->
             s.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             pass   # the server stopped reading a request that was too long
-        if not read:
-            return None
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        return json.loads(buf) if buf else None
+        return _answer(s) if read else None
     finally:
         s.close()
+
+
+def _answer(s: socket.socket) -> Any:
+    """The answer line read from `s` to its end (parsed), None if there is none."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return json.loads(buf) if buf else None
 
 
 def _hello(path: str) -> Any:
@@ -160,9 +166,20 @@ def _until_served(path: str, deadline_s: float = 20.0) -> Any:
         time.sleep(0.05)
 
 
-def _as_nobody(args: List[str]) -> Any:
+def _resume(proc: subprocess.Popen) -> Any:
+    """Let the paused program go on; (stdout, stderr) once it has ended."""
+    try:
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+    except OSError:
+        pass
+    return proc.communicate(timeout=120)
+
+
+def _as_nobody(args: List[str], probe: str = PROBE) -> Any:
+    """Run `probe` with `args` as uid/gid nobody (no groups); its printed JSON."""
     cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-           "/usr/bin/python3", "-c", PROBE, *args]
+           "/usr/bin/python3", "-c", probe, *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
@@ -257,12 +274,7 @@ def live(xdg, tmp_path_factory) -> Dict[str, Any]:
                 os.chmod(directory, 0o700)
         r["snapshot after"] = _raw(path, b'{"aioprof_live": 1, "op": "snapshot"}\n')
     finally:
-        try:
-            proc.stdin.write(b"go\n")
-            proc.stdin.flush()
-        except OSError:
-            pass
-        out, err = proc.communicate(timeout=120)
+        out, err = _resume(proc)
     r["rc"], r["stdout"], r["stderr"] = proc.returncode, r.get("first line", "") + out.decode(), err.decode()
     r["end"] = json.loads(r["stdout"].splitlines()[-1]) if r["rc"] == 0 else None
     r["final"] = json.loads(final.read_text()) if final.exists() else None
@@ -407,7 +419,7 @@ def test_snapshot_errors_are_one_line(xdg):
         assert words in p.stderr, (args, p.stderr)
 
 
-def test_listen_refuses_unsafe_directory_and_tcp(tmp_path, xdg):
+def test_listen_refuses_unsafe_directory_and_address(tmp_path, xdg):
     base = tempfile.mkdtemp(prefix="aioprof-xdg-", dir="/tmp")
     try:
         os.chmod(base, 0o755)
@@ -426,9 +438,10 @@ def test_listen_refuses_unsafe_directory_and_tcp(tmp_path, xdg):
             p = _cli(["--listen", "-c", "print('ran')"], env)
             assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p
             assert f"owned by uid {NOBODY}" in p.stderr, p.stderr
-        p = _cli(["--listen", "127.0.0.1:8765", "-c", "print('ran')"], env)
-        assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p
-        assert "not supported yet" in p.stderr, p.stderr
+        for address in ("0.0.0.0:8765", "192.0.2.1:80", "[::]:80"):   # not loopback
+            p = _cli(["--listen", address, "-c", "print('ran')"], env)
+            assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p
+            assert f"--listen={address}: only a loopback address" in p.stderr, p.stderr
         # --listen takes no value otherwise: the script after it runs
         (tmp_path / "app.py").write_text("print('ran', flush=True)\n")
         p = _cli(["--listen", "-o", os.devnull, str(tmp_path / "app.py")], _env(xdg))
@@ -470,14 +483,14 @@ p.stop()
 p = aioprof.Profiler(listen=False).start()
 out["listen=False"] = os.path.exists(sock)
 p.stop()
-os.environ["AIOPROF_LISTEN"] = "127.0.0.1:8765"
+os.environ["AIOPROF_LISTEN"] = "10.0.0.1:8765"
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     p = aioprof.Profiler().start()
-    out["AIOPROF_LISTEN=HOST:PORT"] = [os.path.exists(sock), [str(x.message) for x in w]]
+    out["AIOPROF_LISTEN=10.0.0.1:8765"] = [os.path.exists(sock), [str(x.message) for x in w]]
     p.stop()
 del os.environ["AIOPROF_LISTEN"]
-for value in ("127.0.0.1:8765", "yes", 1):
+for value in ("10.0.0.1:8765", "127.0.0.1:99999", "yes", 1):
     try:
         aioprof.Profiler(listen=value)
         out[repr(value)] = "accepted"
@@ -495,9 +508,10 @@ def test_profiler_listen_api(xdg):
     assert out["listen=True"] is True and out["after the child's exit"] is True, out
     assert out["after stop"] is False
     assert out["AIOPROF_LISTEN=1"] is True and out["listen=False"] is False, out
-    exists, warned = out["AIOPROF_LISTEN=HOST:PORT"]
-    assert not exists and len(warned) == 1 and "not supported yet" in warned[0], out
-    assert "not supported yet" in out["'127.0.0.1:8765'"]
+    exists, warned = out["AIOPROF_LISTEN=10.0.0.1:8765"]
+    assert not exists and len(warned) == 1 and "only a loopback address" in warned[0], out
+    assert "only a loopback address" in out["'10.0.0.1:8765'"], out
+    assert "port must be an integer from 0 to 65535" in out["'127.0.0.1:99999'"], out
     assert out["'yes'"].startswith("listen must be") and out["1"].startswith("listen must be"), out
 
 
@@ -511,3 +525,100 @@ def test_answer_encoded_in_pieces_is_the_same_json():
         "nested": {"x": {"y": [None, True, {"z": []}]}}, "empty": {}}}
     assert protocol.encode_in_pieces(doc) == protocol.encode(doc)
     assert json.loads(protocol.encode_in_pieces(doc)) == doc
+
+
+# TCP: --listen 127.0.0.1:0, a token on every request.
+TCP_PROGRAM = f"""
+import asyncio, json, os, time
+P = time.perf_counter
+{BLOCKER}
+async def main():
+    loop = asyncio.get_running_loop()
+    t0 = P()
+    busy = await asyncio.create_task(blocker())
+    lifetime = P() - t0
+    go = loop.create_future()
+    loop.add_reader(0, lambda: go.done() or go.set_result(os.read(0, 100)))
+    print(json.dumps({{"pid": os.getpid(), "busy": busy, "lifetime": lifetime}}), flush=True)
+    await go
+    loop.remove_reader(0)
+
+asyncio.run(main())
+"""
+
+TCP_PROBE = r"""
+import json, socket, sys
+out = {}
+try:
+    open(sys.argv[1]).read(); out["read"] = "ok"
+except OSError as e:
+    out["read"] = __import__("errno").errorcode.get(e.errno, str(e.errno))
+s = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=20)
+s.sendall(b'{"aioprof_live": 1, "op": "snapshot"}\n')
+out["answer"] = json.loads(s.makefile("rb").readline())
+print(json.dumps(out))
+"""
+
+
+def _readline(stream, what: str) -> str:
+    ready, _, _ = select.select([stream], [], [], 120)
+    assert ready, f"no {what} within 120 s"
+    return stream.readline().decode()
+
+
+def _tcp(port: int, request: bytes) -> Any:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(request)
+        return _answer(s)
+
+
+def test_tcp_listen_needs_the_token(xdg, tmp_path):
+    (tmp_path / "prog.py").write_text(TCP_PROGRAM)
+    env = _env(xdg)
+    final = tmp_path / "final.json"
+    proc = subprocess.Popen([sys.executable, "-m", "aioprof", "--listen", "127.0.0.1:0", "--format", "json",
+                             "-o", str(final), "prog.py"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        announced = _readline(proc.stderr, "announcement on stderr")
+        paused = json.loads(_readline(proc.stdout, "pause"))
+        pid = paused["pid"]
+        token_file = os.path.join(xdg, "aioprof", f"{pid}.tcp")
+        st = os.lstat(token_file)
+        info = json.loads(Path(token_file).read_text())
+        port, token = info["port"], info["token"]
+        no_token = _tcp(port, b'{"aioprof_live": 1, "op": "hello"}\n')
+        wrong = _tcp(port, json.dumps({"aioprof_live": 1, "op": "hello", "token": token[:-1] + "x"}).encode() + b"\n")
+        hello = _tcp(port, json.dumps({"aioprof_live": 1, "op": "hello", "token": token}).encode() + b"\n")
+        by_pid = _cli(["snapshot", str(pid), "--format", "json"], env)
+        address = f"127.0.0.1:{port}"
+        without = _cli(["snapshot", address], env)
+        with_token = _cli(["snapshot", address, "--format", "json"], dict(env, AIOPROF_TOKEN=token))
+        nobody = None
+        if not _can_switch_user():
+            nobody = _as_nobody([token_file, str(port)], TCP_PROBE)
+    finally:
+        out, err = _resume(proc)
+    assert proc.returncode == 0, err
+    # the owner is told the port and the token, once, on stderr; nothing else is added
+    assert announced == (f"aioprof: listening on 127.0.0.1:{port} (pid {pid}); every request must carry "
+                         f"the token {token} (also in {token_file}, mode 0600)\n")
+    assert err == b"" and out == b"", (out, err)
+    assert len(token) == 64 and int(token, 16) >= 0
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+    assert (info["pid"], info["host"]) == (pid, "127.0.0.1")
+    assert not os.path.exists(token_file), "the token file is removed at exit"
+    for answer in (no_token, wrong):
+        assert answer["ok"] is False and "token" in answer["error"] and "doc" not in answer, answer
+    assert hello["ok"] and hello["pid"] == pid
+    for p in (by_pid, with_token):
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        blocker = _coro(json.loads(p.stdout), "blocker")
+        assert blocker["steps"] == N_BLOCK + 1
+        assert paused["busy"] - EPS <= blocker["busy_s"] <= paused["lifetime"] + EPS, (blocker, paused)
+    assert without.returncode == 2 and without.stderr.count("\n") == 1 and "AIOPROF_TOKEN" in without.stderr
+    final_blocker = _coro(json.loads(final.read_text()), "blocker")
+    assert final_blocker["busy_s"] == _coro(json.loads(by_pid.stdout), "blocker")["busy_s"]
+    if nobody is not None:   # another user can connect to the port, but gets nothing without the token
+        assert nobody["read"] == "EACCES", nobody
+        assert nobody["answer"]["ok"] is False and "token" in nobody["answer"]["error"], nobody

@@ -5,7 +5,8 @@ to a directory of this user that no one else can write to, else ``/tmp/aioprof-U
 Before it is used, by the server or by a client, the directory must be a real directory
 (not a symlink), owned by this user, with no group or other permission bits (mode
 0700); one that is not is refused with one line, never repaired. The server creates it
-(mode 0700) when it is missing. The socket in it is ``PID.sock``, mode 0600.
+(mode 0700) when it is missing. The socket in it is ``PID.sock``, mode 0600; a process
+listening on TCP has ``PID.tcp`` there instead (its address and token, mode 0600).
 """
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ from typing import List, Optional
 
 from aioprof.live import ListenError
 
-__all__ = ["candidate_dirs", "check_dir", "socket_dir", "socket_name"]
+__all__ = ["candidate_dirs", "check_dir", "socket_dir", "socket_name", "token_name"]
 
 
 def socket_name(pid: int) -> str:
     return f"{pid}.sock"
+
+
+def token_name(pid: int) -> str:
+    """The file of a process listening on TCP: its address and token (mode 0600)."""
+    return f"{pid}.tcp"
 
 
 def _xdg_base(environ: Optional[dict] = None) -> Optional[str]:

@@ -5,7 +5,8 @@ its newline)::
 
     {"aioprof_live": 1, "op": "snapshot"}
 
-and the server answers one line and closes the connection::
+(with ``"token": "..."`` when the process listens on TCP), and the server answers one
+line and closes the connection::
 
     {"aioprof_live": 1, "ok": true, "pid": 123, "doc": {...the report document...}}
     {"aioprof_live": 1, "ok": false, "error": "one line"}
@@ -69,8 +70,9 @@ def encode_in_pieces(obj: Dict[str, Any], depth: int = 3) -> bytes:
     return "".join(_pieces(obj, depth)).encode("ascii") + b"\n"
 
 
-def decode_request(line: bytes) -> str:
-    """The op of a request line; raises ProtocolError saying what is wrong with it."""
+def decode_request(line: bytes) -> Dict[str, Any]:
+    """The request of a line (a dict with a known "op"); raises ProtocolError saying what
+    is wrong with it."""
     try:
         req = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -84,7 +86,7 @@ def decode_request(line: bytes) -> str:
     op = req.get("op")
     if op not in OPS:
         raise ProtocolError(f"unknown op {op!r} (ops: {', '.join(OPS)})")
-    return op
+    return req
 
 
 def read_line(sock: socket.socket, limit: int, deadline: float) -> bytes:

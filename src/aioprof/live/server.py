@@ -14,22 +14,29 @@ answered with an error or dropped; a client of another user is refused (SO_PEERC
 even if it got past the directory's permissions. Answers are sent with MSG_NOSIGNAL, so
 a client that goes away cannot raise SIGPIPE in a program that set it to its default.
 
+With a TCP target (``--listen 127.0.0.1:PORT``; loopback addresses only), the socket
+is a TCP port, and every request must carry a random 256-bit token (compared in
+constant time); the token is in ``DIR/PID.tcp`` (mode 0600, with the address) and in the
+line `announcement()` gives the owner. The directory rules are the same.
+
 `stop()` closes the socket and removes the file (only in the process that made it: a
 forked child closes its copies of the descriptors and leaves the file alone).
 """
 from __future__ import annotations
 
 import _thread
+import hmac
 import os
 import platform
+import secrets
 import select
 import socket
 import struct
 import time
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from aioprof.live import ListenError, paths, protocol
+from aioprof.live import ListenError, Target, paths, protocol
 
 __all__ = ["MAX_CLIENTS", "REQUEST_TIMEOUT_S", "SEND_TIMEOUT_S", "Server"]
 
@@ -49,6 +56,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _write_private(path: str, data: bytes) -> None:
+    """Write a new file of mode 0600 (refusing to follow a symlink or reuse a file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
 def _peer_uid(conn: socket.socket) -> Optional[int]:
     """The connecting process's uid (Linux SO_PEERCRED), None where it cannot be read."""
     opt = getattr(socket, "SO_PEERCRED", None)
@@ -66,12 +85,14 @@ class Server:
     socket. The constructor binds the socket (raises ListenError, one line, if the
     directory is refused or the socket cannot be made); `start()` starts serving."""
 
-    def __init__(self, snapshot: Callable[[], Dict[str, Any]], version: str) -> None:
+    def __init__(self, snapshot: Callable[[], Dict[str, Any]], version: str,
+                 target: Target = "unix") -> None:
         self.snapshot = snapshot
         self.version = version
         self.pid = os.getpid()
         self.dir = paths.socket_dir(create=True)
-        self.path = os.path.join(self.dir, paths.socket_name(self.pid))
+        self.address: Optional[Tuple[str, int]] = None   # TCP: (host, port) bound
+        self.token: Optional[str] = None                 # TCP: what every request carries
         self._lock = _thread.allocate_lock()      # guards _clients and _stopping
         self._clients = 0
         self._stopping = False
@@ -81,15 +102,28 @@ class Server:
             self._wake_r, self._wake_w = os.pipe()
         except OSError as e:
             raise ListenError(f"cannot listen: {e.strerror or e}") from None
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The file is made under a temporary name, with its final permissions, then
+        # renamed into place: it never appears under its name with other permissions, and
+        # a stale file of a dead process with the same PID is replaced.
         tmp = os.path.join(self.dir, f".{self.pid}.{os.urandom(4).hex()}.tmp")
         try:
-            # Bound under a temporary name, made 0600, then renamed into place: the socket
-            # never appears under its name with other permissions, and a stale socket of
-            # a dead process with the same PID is replaced.
-            self.sock.bind(tmp)
-            os.chmod(tmp, 0o600)
-            self.sock.listen(16)
+            if target == "unix":
+                self.path = os.path.join(self.dir, paths.socket_name(self.pid))
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.bind(tmp)
+                os.chmod(tmp, 0o600)
+                self.sock.listen(16)
+            else:
+                self.path = os.path.join(self.dir, paths.token_name(self.pid))
+                host, port = target
+                self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                          socket.SOCK_STREAM)
+                self.sock.bind((host, port))
+                self.sock.listen(16)
+                self.address = (host, self.sock.getsockname()[1])
+                self.token = secrets.token_hex(32)
+                _write_private(tmp, protocol.encode({"pid": self.pid, "host": host,
+                                                     "port": self.address[1], "token": self.token}))
             os.replace(tmp, self.path)
             self.ino = os.stat(self.path).st_ino
         except OSError as e:
@@ -98,8 +132,18 @@ class Server:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise ListenError(f"cannot listen on {self.path}: {e.strerror or e}") from None
+            where = self.path if target == "unix" else "%s:%s" % target
+            raise ListenError(f"cannot listen on {where}: {e.strerror or e}") from None
         _servers.add(self)
+
+    def announcement(self) -> Optional[str]:
+        """TCP: the line to tell the owner (address, token, token file); None for Unix."""
+        if self.address is None:
+            return None
+        host, port = self.address
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return (f"listening on {shown} (pid {self.pid}); every request must carry the token "
+                f"{self.token} (also in {self.path}, mode 0600)")
 
     def start(self) -> "Server":
         self._done.acquire()
@@ -176,7 +220,7 @@ class Server:
             self._done.release()
 
     def _dispatch(self, conn: socket.socket) -> None:
-        uid = _peer_uid(conn)
+        uid = _peer_uid(conn) if self.address is None else None
         if uid is not None and uid not in (os.geteuid(), 0):
             conn.close()
             return
@@ -199,7 +243,10 @@ class Server:
         try:
             try:
                 line = protocol.read_line(conn, protocol.MAX_REQUEST, time.monotonic() + REQUEST_TIMEOUT_S)
-                answer = self._answer(protocol.decode_request(line))
+                request = protocol.decode_request(line)
+                answer = self._answer(request["op"]) if self._authorized(request) else \
+                    self._error("this process listens on TCP: every request must carry its token "
+                                "(missing or wrong)")
             except protocol.ProtocolError as e:
                 answer = self._error(str(e))
             self._reply(conn, answer, time.monotonic() + SEND_TIMEOUT_S)
@@ -208,6 +255,13 @@ class Server:
         finally:
             with self._lock:
                 self._clients -= 1
+
+    def _authorized(self, request: Dict[str, Any]) -> bool:
+        if self.token is None:
+            return True   # the Unix socket: its directory and mode are the lock
+        given = request.get("token")
+        return isinstance(given, str) and hmac.compare_digest(
+            given.encode("utf-8", "replace"), self.token.encode("ascii"))
 
     def _answer(self, op: str) -> Dict[str, Any]:
         base = {"aioprof_live": protocol.VERSION, "ok": True, "pid": self.pid}
