@@ -622,3 +622,21 @@ def test_tcp_listen_needs_the_token(xdg, tmp_path):
     if nobody is not None:   # another user can connect to the port, but gets nothing without the token
         assert nobody["read"] == "EACCES", nobody
         assert nobody["answer"]["ok"] is False and "token" in nobody["answer"]["error"], nobody
+
+
+def test_sigterm_removes_the_socket(xdg, tmp_path):
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    proc = subprocess.Popen([sys.executable, "-m", "aioprof", "--listen", "--format", "json", "-o",
+                             str(tmp_path / "out.json"), "-c", code], env=_env(xdg),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        pid = int(_readline(proc.stdout, "pid"))
+        path = os.path.join(xdg, "aioprof", f"{pid}.sock")
+        hello = _until_served(path)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=120)
+    assert hello["ok"] and hello["pid"] == pid, hello
+    assert proc.returncode == -15 and err == b"", err    # SIGTERM's death, as without aioprof
+    assert json.loads((tmp_path / "out.json").read_text())["aioprof"] == 1
+    assert not os.path.exists(path)

@@ -12,7 +12,6 @@ Nothing here is imported unless listening is asked for (``--listen``,
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 from typing import Any, Optional, Tuple, Union
 
@@ -57,6 +56,8 @@ def listen_target(listen: Any, environ: Optional[dict] = None, source: str = "li
 
 
 def _address(text: str, source: str) -> Tuple[str, int]:
+    import ipaddress
+
     host, _, port_text = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
