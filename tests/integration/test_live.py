@@ -452,7 +452,7 @@ def test_listen_refuses_unsafe_directory_and_address(tmp_path, xdg):
 
 # The Python API: Profiler(listen=True), AIOPROF_LISTEN=1, a fork, and the arguments.
 API_PROGRAM = r"""
-import json, os, sys, warnings
+import json, os, sys, time, warnings
 import aioprof
 from aioprof.live import client
 out = {}
@@ -490,6 +490,13 @@ with warnings.catch_warnings(record=True) as w:
     out["AIOPROF_LISTEN=10.0.0.1:8765"] = [os.path.exists(sock), [str(x.message) for x in w]]
     p.stop()
 del os.environ["AIOPROF_LISTEN"]
+p = aioprof.Profiler(listen=True).start()
+# A program that closes every descriptor and opens others: the number of the server's
+# socket now names a file that is not a socket (the socket's release wakes its poll).
+os.dup2(os.open(os.devnull, os.O_RDONLY), p._server.sock.fileno())
+t = time.process_time(); time.sleep(0.5)
+out["cpu while closed"] = time.process_time() - t
+p.stop()
 for value in ("10.0.0.1:8765", "127.0.0.1:99999", "yes", 1):
     try:
         aioprof.Profiler(listen=value)
@@ -512,6 +519,7 @@ def test_profiler_listen_api(xdg):
     assert not exists and len(warned) == 1 and "only a loopback address" in warned[0], out
     assert "only a loopback address" in out["'10.0.0.1:8765'"], out
     assert "port must be an integer from 0 to 65535" in out["'127.0.0.1:99999'"], out
+    assert out["cpu while closed"] < 0.1, out   # the server stopped; it does not spin on it
     assert out["'yes'"].startswith("listen must be") and out["1"].startswith("listen must be"), out
 
 

@@ -25,6 +25,7 @@ forked child closes its copies of the descriptors and leaves the file alone).
 from __future__ import annotations
 
 import _thread
+import errno
 import hmac
 import os
 import platform
@@ -211,7 +212,10 @@ class Server:
                     break
                 try:
                     conn, _ = self.sock.accept()
-                except OSError:
+                except OSError as e:
+                    if e.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                        break          # the program closed our descriptor: stop serving
+                    time.sleep(0.05)   # out of descriptors or memory: no busy loop
                     continue
                 self._dispatch(conn)
         except BaseException:   # never let an exception out of an aioprof thread
