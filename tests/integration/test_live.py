@@ -493,10 +493,15 @@ del os.environ["AIOPROF_LISTEN"]
 p = aioprof.Profiler(listen=True).start()
 # A program that closes every descriptor and opens others: the number of the server's
 # socket now names a file that is not a socket (the socket's release wakes its poll).
-os.dup2(os.open(os.devnull, os.O_RDONLY), p._server.sock.fileno())
+number = p._server.sock.fileno()
+os.dup2(os.open(os.devnull, os.O_RDONLY), number)
 t = time.process_time(); time.sleep(0.5)
 out["cpu while closed"] = time.process_time() - t
 p.stop()
+try:                          # stop() closed its own descriptors, not the program's file
+    out["the program's file is open"] = os.path.samestat(os.fstat(number), os.stat(os.devnull))
+except OSError as e:
+    out["the program's file is open"] = str(e)
 for value in ("10.0.0.1:8765", "127.0.0.1:99999", "yes", 1):
     try:
         aioprof.Profiler(listen=value)
@@ -520,6 +525,7 @@ def test_profiler_listen_api(xdg):
     assert "only a loopback address" in out["'10.0.0.1:8765'"], out
     assert "port must be an integer from 0 to 65535" in out["'127.0.0.1:99999'"], out
     assert out["cpu while closed"] < 0.1, out   # the server stopped; it does not spin on it
+    assert out["the program's file is open"] is True, out
     assert out["'yes'"].startswith("listen must be") and out["1"].startswith("listen must be"), out
 
 

@@ -57,6 +57,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _file_id(fd: int) -> Optional[Tuple[int, int]]:
+    """(st_dev, st_ino) of the file a descriptor names, None if it is closed."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _write_private(path: str, data: bytes) -> None:
     """Write a new file of mode 0600 (refusing to follow a symlink or reuse a file)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -99,6 +108,8 @@ class Server:
         self._stopping = False
         self._done = _thread.allocate_lock()      # held while the accept thread runs
         self._closed = False
+        self._wake_r = self._wake_w = -1
+        self._ids: Dict[int, Optional[Tuple[int, int]]] = {}   # descriptor -> its file's id
         try:
             self._wake_r, self._wake_w = os.pipe()
         except OSError as e:
@@ -127,7 +138,9 @@ class Server:
                                                      "port": self.address[1], "token": self.token}))
             os.replace(tmp, self.path)
             self.ino = os.stat(self.path).st_ino
+            self._remember_fds()
         except OSError as e:
+            self._remember_fds()   # all still ours
             self._close_fds()
             try:
                 os.unlink(tmp)
@@ -188,17 +201,32 @@ class Server:
         self._lock = _thread.allocate_lock()
         self._close_fds()
 
+    def _remember_fds(self) -> None:
+        """Note which files our descriptors name, to close only those (`_close_fds`)."""
+        fds = [self._wake_r, self._wake_w]
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            fds.append(sock.fileno())
+        self._ids = {fd: _file_id(fd) for fd in fds if fd >= 0}
+
     def _close_fds(self) -> None:
-        """Close the socket and the wake pipe, once (a descriptor number closed twice
-        could be a file the program has opened since)."""
+        """Close the socket and the wake pipe, once, and only the descriptors that still
+        name our files: a number closed twice, or closed by the program and reused, is a
+        file of the program's."""
         if self._closed:
             return
         self._closed = True
-        for close in (self.sock.close, lambda: os.close(self._wake_r), lambda: os.close(self._wake_w)):
-            try:
-                close()
-            except OSError:
-                pass
+        fds = [fd for fd in (self._wake_r, self._wake_w) if fd >= 0]
+        try:
+            fds.append(self.sock.detach())
+        except (AttributeError, OSError):   # no socket made
+            pass
+        for fd in fds:
+            if self._ids.get(fd) == _file_id(fd):   # else the program's file now: leave it
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     # -- threads ------------------------------------------------------------------
     def _accept_loop(self) -> None:
