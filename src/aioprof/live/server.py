@@ -3,7 +3,8 @@
 `Server` binds ``DIR/PID.sock`` (`aioprof.live.paths`; directory 0700, socket 0600) and
 serves it from threads of its own, started with ``_thread`` rather than ``threading``:
 they never run a trace or profile function the program set with ``threading.settrace``
-/ ``setprofile``, and they are not in ``threading.enumerate()``. One thread accepts;
+/ ``setprofile``, they are not in ``threading.enumerate()``, and they block the
+asynchronous signals (a signal sent to the process is never delivered to them). One thread accepts;
 each connection gets a thread that reads one request line by a deadline, answers it and
 closes (`aioprof.live.protocol`), at most `MAX_CLIENTS` at a time. The only work done
 for a request is the snapshot function it is given (the C core's snapshot, under the
@@ -25,17 +26,19 @@ forked child closes its copies of the descriptors and leaves the file alone).
 from __future__ import annotations
 
 import _thread
+import contextlib
 import errno
 import hmac
 import os
 import platform
 import secrets
 import select
+import signal
 import socket
 import struct
 import time
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from aioprof.live import ListenError, Target, paths, protocol
 
@@ -55,6 +58,26 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """Block the asynchronous signals in this thread for the block's duration, so that a
+    thread started inside inherits them blocked: a signal sent to the process (SIGTERM,
+    SIGINT, SIGCHLD...) never lands in aioprof's threads, whose blocking calls it would
+    interrupt instead of the program's. The faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+    SIGABRT) stay deliverable: they are the thread's own, and faulthandler reports them."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    faults = {getattr(signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+              if hasattr(signal, name)}
+    old = mask(signal.SIG_BLOCK, set(signal.valid_signals()) - faults)
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, old)
 
 
 def _file_id(fd: int) -> Optional[Tuple[int, int]]:
@@ -162,7 +185,8 @@ class Server:
     def start(self) -> "Server":
         self._done.acquire()
         try:
-            _thread.start_new_thread(self._accept_loop, ())
+            with _signals_blocked():   # inherited by the thread, and by the ones it starts
+                _thread.start_new_thread(self._accept_loop, ())
         except RuntimeError as e:
             self._done.release()
             self.stop()
