@@ -261,8 +261,9 @@ class Profiler:
         self._final: Optional[dict] = None
         self._start_unix_s = 0.0
         self._final_metrics: Optional[dict] = None
-        # Held while a metrics scrape reads the core (from its own thread) and while stop()
-        # ends the session, so that a scrape never reads a session being freed.
+        # Held while a metrics scrape or a live client's snapshot reads the core (from
+        # their own threads) and while stop() ends the session, so that they never read a
+        # session being freed.
         self._metrics_lock = _thread.allocate_lock()
         self._running = False
         self._uvloop: Optional[_UvloopWatch] = None
@@ -334,9 +335,11 @@ class Profiler:
 
     def _live_snapshot(self) -> dict:
         """The document a live client gets (called in the server's threads)."""
-        if not self._running:
-            raise RuntimeError("the profiler has stopped")
-        return self._document(load_core().snapshot())
+        with self._metrics_lock:   # (not while stop() frees the session)
+            if not self._running:
+                raise RuntimeError("the profiler has stopped")
+            raw = load_core().snapshot()
+        return self._document(raw, self._start_unix_s)
 
     def stop(self) -> "Profiler":
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
