@@ -1064,11 +1064,25 @@ static void fork_child(void)
 }
 
 /* Start the sampler (or watchdog) thread of a new generation: 0, or -1. The watchdog
- * stays joinable (a fork waits for it to leave); the sampler is detached. */
+ * stays joinable (a fork waits for it to leave); the sampler is detached.
+ * The thread is born with every asynchronous signal blocked: a signal sent to the process
+ * (SIGTERM, SIGINT, SIGCHLD, ...) must go to the program's threads. The kernel may give it
+ * to any thread that does not block it, and a Python handler run from another thread
+ * does not interrupt the main thread's blocking call (time.sleep, a read): the program
+ * would see its SIGTERM only once that call returned. */
 static int sampler_thread_start(void)
 {
     unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
-    if (pthread_create(&S.thread, NULL, S.watch ? watchdog_main : sampler_main, (void *)(uintptr_t)gen) != 0) {
+    sigset_t all, old;
+    sigfillset(&all);
+    const int sync_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof sync_signals / sizeof sync_signals[0]; i++)
+        sigdelset(&all, sync_signals[i]);   /* faults of the thread itself */
+    int masked = pthread_sigmask(SIG_BLOCK, &all, &old) == 0;
+    int rc = pthread_create(&S.thread, NULL, S.watch ? watchdog_main : sampler_main, (void *)(uintptr_t)gen);
+    if (masked)
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
         atomic_fetch_add(&S.gen, 1);
         return -1;
     }
