@@ -1337,13 +1337,3 @@ done:
     Py_XDECREF(blocking);
     return rc;
 }
-
-void ap_stacks_free(ap_session_t *s)
-{
-    for (uint32_t i = 0; i < s->n_stacks; i++)
-        PyMem_RawFree(s->stacks[i].frames);
-    PyMem_RawFree(s->stacks);
-    PyMem_RawFree(s->frames);
-    ap_table_free(&s->stack_idx);
-    ap_table_free(&s->frame_idx);
-}
