@@ -196,6 +196,29 @@ static PyObject *mod_uv_hook(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(un
     Py_RETURN_NONE;
 }
 
+/* Loop monitors (monitor.c) keep the hooks installed while they are open. */
+static PyObject *mod_monitor_add(PyObject *Py_UNUSED(module), PyObject *loop)
+{
+    ap_monitor_t *m = ap_monitor_new(loop);
+    if (!m)
+        return NULL;
+    if (ap_hooks_acquire() < 0) {
+        ap_monitor_discard(m);
+        return NULL;
+    }
+    return ap_monitor_open(m, loop);
+}
+
+static PyObject *mod_monitor_close(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int64_t id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred())
+        return NULL;
+    if (ap_monitor_close(id))
+        ap_hooks_release();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))mod_start, METH_FASTCALL,
      "start(max_tasks, cpu_window_ns, slow_ns): install the hooks and begin a session."},
@@ -209,8 +232,8 @@ static PyMethodDef methods[] = {
     {"clock_ns", mod_clock_ns, METH_NOARGS, "clock_ns() -> int: aioprof's wall clock now (ns)."},
     {"hist_quantiles", (PyCFunction)(void (*)(void))mod_hist_quantiles, METH_FASTCALL,
      "hist_quantiles(values_ns, quantiles) -> list: quantiles of values through aioprof's histogram."},
-    {"monitor_add", ap_monitor_add, METH_O, "monitor_add(loop) -> int: open a loop monitor."},
-    {"monitor_close", ap_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
+    {"monitor_add", mod_monitor_add, METH_O, "monitor_add(loop) -> int: open a loop monitor."},
+    {"monitor_close", mod_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
     {"monitor_observers", ap_monitor_observers, METH_O, "monitor_observers(id) -> list: its observers."},
     {"monitor_read", ap_monitor_read, METH_O, "monitor_read(id) -> dict: its figures now."},
     {"_sample_signal", (PyCFunction)(void (*)(void))ap_sample_signal, METH_FASTCALL,

@@ -298,7 +298,19 @@ int ap_grow(void **arr, uint32_t *cap, size_t elem, uint32_t n);
 /* Record an internal fault: the message goes to the report's warnings, accounting
  * stops for the rest of the session, and the Python error (if any) is cleared. */
 void ap_fault(ap_session_t *s, const char *what);
-/* The calling thread's record, created on first use; NULL (and a fault) on no memory. */
+/* How threads are sampled, for the thread records made from now on: written by the
+ * sampler (stacks.c) when it starts and stops, read here (no call up into it). started:
+ * a sampler or watchdog thread runs (else no thread is sampled); main_ident: the main
+ * thread's PyThread ident; main_mode: AP_SAMPLE_LOOP when the main thread samples
+ * itself, else 0 (every sampled thread is then AP_SAMPLE_GIL). */
+typedef struct {
+    int started;
+    int main_mode;
+    unsigned long main_ident;
+} ap_sampling_t;
+extern ap_sampling_t ap_sampling;
+/* The calling thread's record, created on first use; NULL (and a fault) on no memory.
+ * Its `sampled` is 0 (sampling off), AP_SAMPLE_GIL or AP_SAMPLE_LOOP, by ap_sampling. */
 ap_thread_t *ap_thread_get(ap_session_t *s);
 /* This thread's record, or NULL if it has none yet (creates none). */
 ap_thread_t *ap_thread_peek(ap_session_t *s);
@@ -394,8 +406,6 @@ void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_
 /* Start/stop the sampler thread (no-op when sampling is off). start: 0 or -1 with error. */
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler);
 void ap_sampler_stop(void);
-/* How the thread `ident` is sampled: 0 (sampling off), AP_SAMPLE_GIL or AP_SAMPLE_LOOP. */
-int ap_sampler_mode(unsigned long ident);
 PyObject *ap_sample_signal(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* This thread begins (begin = 1) or ends (0) a handle at `now`: for the sampler. */
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin);

@@ -20,6 +20,7 @@ int ap_grow(void **arr, uint32_t *cap, size_t elem, uint32_t n)
 }
 
 ap_session_t *ap_session;
+ap_sampling_t ap_sampling;
 static uint64_t last_gen;
 
 /* Each thread caches its record; the generation tells a record of an older session
@@ -67,7 +68,9 @@ ap_thread_t *ap_thread_get(ap_session_t *s)
         return NULL;
     }
     th->ident = PyThread_get_thread_ident();
-    th->sampled = ap_sampler_mode(th->ident);
+    if (ap_sampling.started)
+        th->sampled = ap_sampling.main_mode && th->ident == ap_sampling.main_ident ? ap_sampling.main_mode
+                                                                                   : AP_SAMPLE_GIL;
     th->tstate = PyThreadState_Get();
     th->cb = AP_NONE;
     th->cur_ready = -1;
