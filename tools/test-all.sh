@@ -42,7 +42,7 @@ for py in $PYTHONS; do
 done
 # Libraries' own suites under aioprof, one interpreter each (tests/suites/run_suites.py,
 # docs/testing.md: which runs where, and why).
-for spec in "uvloop 3.13 0" "anyio 3.11 1" "pytest-asyncio 3.10 1" "aiohttp 3.12 1"; do
+for spec in "uvloop 3.13 0" "anyio 3.11 1" "pytest-asyncio 3.12 0" "aiohttp 3.10 1"; do
     read -r suite ver ms <<<"$spec"
     step "suite $suite $ver" "$MAKE" --no-print-directory test-suites PY="python$ver" SUITES="$suite" SAMPLE_MS="$ms"
 done

@@ -71,10 +71,16 @@ SUITES = {
             "test_fileio", "test_tempfile", "test_functools", "test_itertools",
             "streams/test_memory", "streams/test_stapled", "streams/test_buffered",
             "streams/test_text", "streams/test_file")), "-k", "not trio"], {}),
-    # Left out for time: the nine test_sync_fixture_sees_correct_loop_after_loop_broken_with_factory
-    # cases (5-30 s each of nested pytester sessions, as slow without aioprof).
+    # Most of these tests run nested pytester sessions, ~1-2 s each on a loaded 2-core machine,
+    # as slow without aioprof: for time, its core only (about 50 of its 271 tests: async
+    # fixtures, function-scoped loops, hypothesis, the asyncio fixture and mark, task
+    # clean-up, subprocesses; left out: test_set_event_loop.py, up to 30 s a case, the
+    # class/module/package/session loop-scope and loop-factory matrices, the modes, debug
+    # mode, packaging and doctest checks).
     "pytest-asyncio": Suite("pytest-asyncio", "pytest_asyncio", "pytest", [
-        *PYTEST, "tests", "-k", "not loop_broken_with_factory"], {}),
+        *PYTEST, "tests/async_fixtures", "tests/hypothesis", "tests/markers/test_function_scope.py",
+        "tests/test_simple.py", "tests/test_asyncio_fixture.py", "tests/test_event_loop_fixture.py",
+        "tests/test_task_cleanup.py", "tests/test_subprocess.py"], {}),
     # aiohttp's core, its server and client end to end: its pytest.ini's addopts (xdist,
     # coverage, doctests) are replaced, and only these modules run (all of the suite's 900
     # functional tests take ~8 min here); the zlib back-ends isal and zlib-ng (not
