@@ -772,6 +772,11 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
         program, session = _setup(argv)
         program.set_argv()
         atexit.register(session.finish)
+        # The command line imports asyncio before the program (Profiler.start() would wait
+        # for the program's own import): an asyncio imported during the program changes
+        # the order in which finalization after Ctrl-C frees the program's objects
+        # (test_signals.py::test_sigint_finalizes_like_python).
+        import asyncio  # noqa: F401
         try:
             session.profiler.start()
         except Exception as e:

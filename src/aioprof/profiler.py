@@ -93,19 +93,20 @@ def load_core() -> Any:
     return _core
 
 
-class _UvloopWatch:
-    """A `sys.meta_path` entry that finds nothing itself: when the program imports uvloop
-    while the profiler runs, it lets the other finders find it, and once uvloop's module
-    has run, has the core hook its Loop. So the profiler never imports uvloop on the
-    program's behalf. One use: it leaves `sys.meta_path` when uvloop is imported or the
-    profiler stops; the module keeps its own loader and spec."""
+class _ImportWatch:
+    """A `sys.meta_path` entry that finds nothing itself: when the program imports `name`
+    (uvloop, asyncio) while the profiler runs, it lets the other finders find it, and once
+    the module has run, calls `hook` (the core hooks uvloop's Loop; the profiler starts its
+    core once asyncio is there). So the profiler never imports either on the program's
+    behalf. One use: it leaves `sys.meta_path` when the module is imported or the profiler
+    stops; the module keeps its own loader and spec."""
 
-    def __init__(self, hook: Any) -> None:
-        self.hook = hook
+    def __init__(self, name: str, hook: Any, what: str) -> None:
+        self.name, self.hook, self.what = name, hook, what
         self.finding = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "uvloop" or self.finding:
+        if name != self.name or self.finding:
             return None
         self.finding = True
         try:
@@ -123,6 +124,10 @@ class _UvloopWatch:
         spec.loader = _HookAfterExec(spec.loader, self)
         return spec
 
+    def insert(self) -> "_ImportWatch":
+        sys.meta_path.insert(0, self)
+        return self
+
     def remove(self) -> None:
         try:
             sys.meta_path.remove(self)
@@ -131,10 +136,10 @@ class _UvloopWatch:
 
 
 class _HookAfterExec:
-    """Loader of uvloop: the real loader's, then the hook; puts the real one back on the
+    """Loader of the watched module: the real loader's, then the hook; puts the real one back on the
     module before it runs."""
 
-    def __init__(self, loader: Any, watch: _UvloopWatch) -> None:
+    def __init__(self, loader: Any, watch: _ImportWatch) -> None:
         self.loader, self.watch = loader, watch
 
     def create_module(self, spec: Any) -> Any:
@@ -149,9 +154,9 @@ class _HookAfterExec:
         self.watch.remove()
         try:
             self.watch.hook()
-        except Exception as e:   # profiling goes on without uvloop's task steps
-            warnings.warn(f"aioprof: cannot hook uvloop: {type(e).__name__}: {e}", RuntimeWarning,
-                          stacklevel=2)
+        except Exception as e:   # the program goes on (without uvloop's task steps)
+            warnings.warn(f"aioprof: cannot {self.watch.what}: {type(e).__name__}: {e}",
+                          RuntimeWarning, stacklevel=2)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
@@ -181,6 +186,11 @@ def _loop_notes() -> list:
     return [f"{names}: _run_once is replaced{by}: no ticks, select wait, lag or slow ticks; a "
             "nested run_until_complete is busy time of the step that called it, and the tasks "
             "it runs get no steps"]
+
+
+# The profiler that waits for the program's `import asyncio` to start its core (at most one
+# runs at a time, as the core's session).
+_waiting: Optional["Profiler"] = None
 
 
 class Profiler:
@@ -266,7 +276,8 @@ class Profiler:
         # session being freed.
         self._metrics_lock = _thread.allocate_lock()
         self._running = False
-        self._uvloop: Optional[_UvloopWatch] = None
+        self._watches: list = []       # _ImportWatch entries of this run, on sys.meta_path
+        self._core_started = False
         self.listen = listen
         self._listen = _listen_target(listen)
         self._server: Any = None
@@ -275,21 +286,33 @@ class Profiler:
     def start(self) -> "Profiler":
         """Install the hooks and start counting; returns self.
 
+        Imports neither asyncio nor uvloop: if the program has not imported asyncio yet,
+        the hooks go in as soon as it does (the report's ``wall_s`` counts from then), and
+        uvloop's Loop is hooked when the program imports uvloop (docs/design.md).
+
         Raises RuntimeError if a profiler is already running in this process.
         """
         _core = load_core()   # imported late: reports render without a built core
 
+        global _waiting
+        if _core.is_active() or (_waiting is not None and _waiting._running):
+            raise RuntimeError("an aioprof profiler is already running in this process")
         server = self._bind() if self._listen else None
+        self._t_start = _core.clock_ns()
         try:
-            _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
-                        int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
+            if "asyncio" in sys.modules:
+                self._start_core()
+            else:
+                self._watches.append(_ImportWatch("asyncio", self._start_core, "start profiling").insert())
+                _waiting = self
         except BaseException:
             if server is not None:
                 server.stop()
             raise
-        if "uvloop" not in sys.modules:   # else the core hooked it in start()
-            self._uvloop = _UvloopWatch(_core._uv_hook)
-            sys.meta_path.insert(0, self._uvloop)
+        if "uvloop" not in sys.modules:   # else the core hooked it in _start_core()
+            # Also when uvloop itself imports asyncio: the core starts inside uvloop's
+            # import, before its Loop exists, and this hooks Loop once uvloop has run.
+            self._watches.append(_ImportWatch("uvloop", _core._uv_hook, "hook uvloop").insert())
         self._running = True
         self._final = self._final_metrics = None
         self._start_unix_s = time.time()
@@ -338,30 +361,59 @@ class Profiler:
         with self._metrics_lock:   # (not while stop() frees the session)
             if not self._running:
                 raise RuntimeError("the profiler has stopped")
-            raw = load_core().snapshot()
+            raw = self._raw(stop=False)
         return self._document(raw, self._start_unix_s)
+
+    def _start_core(self) -> None:
+        global _waiting
+        _waiting = None
+        _core = load_core()
+        _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
+                    int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
+        self._core_started = True
 
     def stop(self) -> "Profiler":
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
+        global _waiting
         if self._running:
             self._running = False
             atexit.unregister(self.stop)
             if self._server is not None:
                 self._server.stop()
                 self._server = None
-            if self._uvloop is not None:
-                self._uvloop.remove()
-                self._uvloop = None
-            _core = load_core()
-
-            with self._metrics_lock:
-                self._final_metrics = _core.metrics()
-                raw = _core.stop()
+            for watch in self._watches:
+                watch.remove()
+            self._watches = []
+            _waiting = None if _waiting is self else _waiting
+            with self._metrics_lock:   # (a scrape or a live snapshot in another thread)
+                self._final_metrics = load_core().metrics() if self._core_started else None
+                raw = self._raw(stop=True)
             self._final = self._document(raw, self._start_unix_s)
+            self._core_started = False
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
         return self
+
+    def _raw(self, stop: bool) -> dict:
+        """The core's snapshot (ns), or, when asyncio was never imported, the same
+        document with nothing in it."""
+        if self._core_started:
+            _core = load_core()
+            return _core.stop() if stop else _core.snapshot()
+        raw: dict = {"wall_ns": load_core().clock_ns() - self._t_start,
+                     "cpu_window_ns": int(self.cpu_window_ms * 1e6), "slow_ns": int(self.slow_ms * 1e6),
+                     "dropped_tasks": 0, "warnings": []}
+        raw.update((key, []) for key in ("tasks", "coroutines", "callbacks", "sites", "loops",
+                                          "loops_folded", "frames", "blocking"))
+        if self.interval_ms:
+            raw["samples"] = {"interval_ns": int(self.interval_ms * 1e6), "count": 0,
+                              "uncharged_ns": 0, "stacks": []}
+        if self.async_stacks:
+            raw["idle_stacks"] = []
+        if self.trace:
+            raw["trace"] = {"capacity": self.trace_buffer, "dropped": 0, "events": []}
+        return raw
 
     @property
     def running(self) -> bool:
@@ -382,7 +434,7 @@ class Profiler:
         after stop(), the final snapshot. Raises RuntimeError if never started.
         """
         if self._running:
-            return self._document(load_core().snapshot(), self._start_unix_s)
+            return self._document(self._raw(stop=False), self._start_unix_s)
         if self._final is None:
             raise RuntimeError("this Profiler was never started")
         return self._final
