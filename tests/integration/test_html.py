@@ -135,8 +135,15 @@ def run(tmp_path_factory, run_aioprof_module):
     measured = json.loads(done.stdout)
     again = run_aioprof_module(["report", d / "r.json", "--format", "html", "-o", d / "r.html"])
     assert again.returncode == 0 and again.stderr == "", again.stderr
+    return measured, json.loads((d / "r.json").read_text()), d
+
+
+@pytest.fixture(scope="module")
+def page(run):
+    """(the JSON report, the page's DOM after its scripts ran, the run's directory)."""
+    _, doc, d = run
     dom = browse((d / "r.html").as_uri() + "#sort=idle&frame=burn", d / "chromium", "--dump-dom")
-    return measured, json.loads((d / "r.json").read_text()), dom, d
+    return doc, dom, d
 
 
 def visible(rows):
@@ -144,7 +151,7 @@ def visible(rows):
 
 
 def test_the_json_report_holds_what_the_program_measured(run):
-    measured, doc, _, _ = run
+    measured, doc, _ = run
     tasks = {t["name"]: t for t in doc["tasks"]}
     assert tasks["cruncher"]["busy_s"] >= measured["spent"]
     sleeper = tasks[HOSTILE]
@@ -152,8 +159,8 @@ def test_the_json_report_holds_what_the_program_measured(run):
     assert sleeper["idle_s"] >= measured["slept"] - sleeper["busy_s"] - sleeper["scheduled_s"] - 1e-6
 
 
-def test_the_page_ran_offline_and_without_errors(run):
-    _, _, markup, _ = run
+def test_the_page_ran_offline_and_without_errors(page):
+    _, markup, _ = page
     dom = Dom(markup)
     assert dom.attrs["body"]["data-ready"] == "1"
     assert dom.attrs["body"]["data-errors"] == "0"
@@ -161,8 +168,8 @@ def test_the_page_ran_offline_and_without_errors(run):
     assert "img" not in dom.tags                        # the hostile task name stayed text
 
 
-def test_the_tables_are_the_json_reports_sorted_by_the_fragment(run):
-    _, doc, markup, _ = run
+def test_the_tables_are_the_json_reports_sorted_by_the_fragment(page):
+    doc, markup, _ = page
     dom = Dom(markup)
 
     def site(t):
@@ -186,8 +193,8 @@ def test_the_tables_are_the_json_reports_sorted_by_the_fragment(run):
     assert header[5] == "idle ms \u25bc" and rows == expect and len(rows) >= 3
 
 
-def test_a_clicked_flame_frame_shows_its_line_and_figures(run):
-    _, doc, markup, _ = run
+def test_a_clicked_flame_frame_shows_its_line_and_figures(page):
+    doc, markup, _ = page
     dom = Dom(markup)
     detail = dom.attrs["cpu-detail"]
     label = detail["data-frame"]
@@ -204,8 +211,8 @@ def test_a_clicked_flame_frame_shows_its_line_and_figures(run):
     assert f"{frame['file']}:{frame['line']}" in markup   # the file:line, in full
 
 
-def test_the_loops_section_and_timeline_are_drawn(run):
-    _, doc, markup, _ = run
+def test_the_loops_section_and_timeline_are_drawn(page):
+    doc, markup, _ = page
     dom = Dom(markup)
     (loop,) = doc["loops"]
     assert f"utilization {text._pct(loop['utilization'])}" in markup
@@ -217,7 +224,7 @@ def test_the_loops_section_and_timeline_are_drawn(run):
 
 
 def test_screenshot(run):
-    _, _, _, d = run
+    _, _, d = run
     shot = d / "shot.png"
     browse((d / "r.html").as_uri() + "#frame=burn", d / "chromium", "--hide-scrollbars",
            f"--screenshot={shot}")
