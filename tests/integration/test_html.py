@@ -218,6 +218,7 @@ def test_the_loops_section_and_timeline_are_drawn(page):
     assert f"utilization {text._pct(loop['utilization'])}" in markup
     assert f"lag p50 {text._ms(loop['lag_p50_s'])} ms" in markup
     assert "timeline-canvas" in dom.attrs and 'class="missing"' not in markup
+    assert f"busy-chart-{loop['id']}" in dom.attrs   # busy over time, drawn from the trace
     lanes = 1 + len({e["task"] for e in doc["trace"]["events"]
                      if e["kind"] in ("run", "scheduled", "await") and e.get("task") is not None})
     assert f"{lanes} lanes. " in markup

@@ -61,10 +61,17 @@ def test_tables_flames_and_timeline_hold_the_exact_figures(fake_clock):
     assert sorted((strings[e[3]], e[1], e[2]) for e in lanes["B job"][2]) == [
         ("running", 5000, 4000), ("scheduled", 0, 5000)]
     assert lanes["loop 1"][1] == 1 and any(strings[e[3]].startswith("tick") for e in lanes["loop 1"][2])
+    # the loop's busy time over the run, from the ticks less their select waits: 11 ms
+    (chart,) = data["loops"]["charts"]
+    assert chart["loop"] == 1 and len(chart["busy_us"]) == html.CHART_BINS
+    assert abs(chart["bin_us"] * html.CHART_BINS - doc["wall_s"] * 1e6) < 0.5
+    assert abs(sum(chart["busy_us"]) - 11000) <= 0.05 * html.CHART_BINS
+    assert max(chart["busy_us"]) <= chart["bin_us"] + 0.05
     # the loops section is the text report's
     assert data["loops"]["lines"] == text._Renderer(
         doc, sort="busy", limit=0, show_internal=False, width=text.FULL_WIDTH,
         ellipsis="\u2026").loops()[1:]
+    assert data["loops"]["cards"][0]["figures"][0] == ["utilization", text._pct(doc["loops"][0]["utilization"])]
 
 
 def test_parts_not_recorded_say_so(fake_clock):

@@ -38,6 +38,7 @@ _ROWS = 400                    # rows kept per sortable column (the union is kep
 _STACKS = 3000                 # stacks kept per flame
 _LANES = 150                   # task lanes of the timeline
 _EVENTS = 25000                # timeline intervals
+CHART_BINS = 120               # spans of the loops' busy-over-time chart
 _TEXT = 300                    # characters of a name or location at most (then an ellipsis)
 _SORT_COLS = ("busy_s", "cpu_s", "scheduled_s", "idle_s", "steps", "max_step_s")
 
@@ -216,6 +217,35 @@ def _trace_lanes(doc: Dict[str, Any]) -> Dict[str, Any]:
             "order": sorted(tasks, key=lambda t: (-busy.get(t, 0.0), t))}
 
 
+def _busy_over_time(doc: Dict[str, Any], bins: int = CHART_BINS) -> List[Dict[str, Any]]:
+    """Per loop of the trace, its busy time (ticks less their select waits) in `bins`
+    equal spans of the run: {"loop": id, "bin_us": span, "busy_us": [µs per span]}."""
+    tr = doc.get("trace")
+    wall = _num(doc.get("wall_s"))
+    if not isinstance(tr, dict) or not isinstance(tr.get("events"), list) or not wall:
+        return []
+    width = wall * 1e6 / bins
+    per_loop: Dict[int, List[float]] = {}
+    for e in tr["events"]:
+        if not isinstance(e, dict) or e.get("kind") not in ("tick", "select") \
+                or not isinstance(e.get("loop"), int):
+            continue
+        start, end = _num(e.get("start_s")), _num(e.get("end_s"))
+        if start is None or end is None or end < start:
+            continue
+        sign = 1.0 if e["kind"] == "tick" else -1.0
+        acc = per_loop.setdefault(e["loop"], [0.0] * bins)
+        t0, t1 = start * 1e6, end * 1e6
+        first, last = int(t0 // width), int(t1 // width)
+        for b in range(max(0, first), min(bins - 1, last) + 1):
+            overlap = min(t1, (b + 1) * width) - max(t0, b * width)
+            if overlap > 0:
+                acc[b] += sign * overlap
+    return [{"loop": loop, "bin_us": round(width, 3),
+             "busy_us": [round(max(0.0, v), 1) for v in acc]}
+            for loop, acc in sorted(per_loop.items())]
+
+
 def _timeline(doc: Dict[str, Any], parsed: Dict[str, Any], lanes_keep: int,
               events_keep: int) -> Dict[str, Any]:
     """The lanes of `_trace_lanes`: every loop's, the `lanes_keep` tasks that ran longest,
@@ -298,7 +328,7 @@ def _parse(doc: Dict[str, Any]) -> Dict[str, Any]:
                        ellipsis="\u2026")
     return {"header": [_t(line) for line in r.header()], "frames": _frames(doc),
             "cpu": _flame_stacks(doc, "cpu"), "idle": _flame_stacks(doc, "idle"),
-            "trace": _trace_lanes(doc), "loops": _loops_text(doc)}
+            "trace": _trace_lanes(doc), "loops": dict(_loops_text(doc), charts=_busy_over_time(doc))}
 
 
 def _asset(name: str) -> str:

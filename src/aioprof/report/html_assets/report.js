@@ -39,6 +39,21 @@ guard("loops", function () {
     });
     box.appendChild(row);
   });
+  (D.loops.charts || []).forEach(function (c) {
+    // busy share of each span of the run, from the trace's ticks less their select waits
+    var W = 720, H = 60, n = c.busy_us.length, g = svg("svg", {width: W + 40, height: H + 16, id: "busy-chart-" + c.loop});
+    g.appendChild(svg("rect", {x: 40, y: 0, width: W, height: H, fill: "#f7f7f7"}));
+    c.busy_us.forEach(function (v, i) {
+      var f = Math.min(1, v / c.bin_us), h = f * H;
+      var r = svg("rect", {x: (40 + i * W / n).toFixed(1), y: (H - h).toFixed(1), width: (W / n).toFixed(1), height: h.toFixed(1), fill: "#3a7bd5"});
+      var t = svg("title"); t.textContent = (i * c.bin_us / 1e3).toFixed(1) + " ms: busy " + (100 * f).toFixed(1) + "%"; r.appendChild(t);
+      g.appendChild(r);
+    });
+    [["100%", 10], ["0%", H]].forEach(function (l) { var t = svg("text", {x: 0, y: l[1], "font-size": 10}); t.textContent = l[0]; g.appendChild(t); });
+    var end = svg("text", {x: W - 20, y: H + 12, "font-size": 10}); end.textContent = (n * c.bin_us / 1e3).toFixed(0) + " ms"; g.appendChild(end);
+    box.appendChild(el("div", {"class": "note"}, "loop " + c.loop + ": busy share over time (ticks less select waits, from the trace), " + n + " spans of " + (c.bin_us / 1e3).toFixed(1) + " ms"));
+    box.appendChild(g);
+  });
   $("loops").textContent = D.loops.lines.length ? D.loops.lines.join("\n") : "No event loop figures in this report.";
 });
 
