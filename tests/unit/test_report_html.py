@@ -7,6 +7,7 @@ Timeline (ms) of `two_jobs`: A runs 0-5 then waits at [WAIT] until B sets the ev
 (scheduled 8-9), and runs 9-11; B is scheduled 0-5 and runs 5-9.
 """
 import asyncio
+import io
 import json
 import re
 
@@ -77,7 +78,10 @@ def test_tables_flames_and_timeline_hold_the_exact_figures(fake_clock):
 def test_parts_not_recorded_say_so(fake_clock):
     with aioprof.Profiler(cpu_window_ms=1e-6) as p:
         asyncio.run(two_jobs(fake_clock))
-    data = embedded(html.render(p.stats()))
+    out = io.StringIO()
+    p.report("html", out)
+    assert out.getvalue() == html.render(p.stats())
+    data = embedded(out.getvalue())
     assert "--trace" in data["timeline"]["missing"]
     assert "async stacks were off" in data["flames"]["idle"]["missing"]
     assert len(data["tasks"]["rows"]) == 5
