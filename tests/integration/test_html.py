@@ -73,8 +73,8 @@ def chromium():
 
 def browse(page, tmp, *args):
     """Run headless chromium on `page` (a URL) with networking off; its stdout."""
-    cmd = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           "--disable-extensions", "--disable-background-networking", "--disable-sync",
+    cmd = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--no-first-run", "--disable-extensions", "--disable-background-networking", "--disable-sync",
            "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
            f"--user-data-dir={tmp}", "--virtual-time-budget=10000", "--window-size=1200,1800",
            *args, page]
