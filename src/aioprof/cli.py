@@ -24,6 +24,7 @@ import importlib.util
 import io
 import os
 import pkgutil
+import re
 import runpy
 import signal
 import stat
@@ -45,7 +46,9 @@ DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then wr
 EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof cannot "
           "start the program (bad option, missing script or module, unwritable -o file). "
           "`report` as the first argument re-renders saved JSON reports (report -h); "
-          "./report runs a script of that name. See docs/cli.md.")
+          "`snapshot PID` gives the report of a running process started with --listen, "
+          "as of now (docs/live.md); ./report or ./snapshot runs a script of that name. "
+          "See docs/cli.md.")
 REPORT_USAGE = ("python -m aioprof report FILE.json [FILE.json ...] [--format F] [-o OUT] "
                 "[text options]")
 REPORT_DESCRIPTION = ("Re-render reports saved with --format json, in any format whose data "
@@ -172,6 +175,11 @@ def _parser() -> _Parser:
     p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
                         "program runs (needs prometheus_client; docs/prometheus.md)")
+    p.add_argument("--listen", nargs="?", const="unix", default=None, metavar="HOST:PORT",
+                   help="serve the figures while the program runs, to `python -m aioprof "
+                        "snapshot PID` of the same user, on a Unix socket only this user can "
+                        "reach (docs/live.md); with 127.0.0.1:PORT on a loopback TCP port "
+                        "instead, each request carrying the token printed on stderr")
     p.add_argument("--version", action="version", version=f"aioprof {aioprof.__version__}")
     return p
 
@@ -266,10 +274,19 @@ def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str]
             if arg.startswith(flag):
                 return list(argv[:i]), kind, arg[2:], list(argv[i + 1:])
         if arg.startswith("-") and arg != "-":
-            i += 2 if arg in _VALUE_OPTIONS else 1
+            i += 2 if arg in _VALUE_OPTIONS or _listen_address_follows(argv, i) else 1
             continue
         return list(argv[:i]), "script", arg, list(argv[i + 1:])
     return list(argv), None, None, []
+
+
+def _listen_address_follows(argv: Sequence[str], i: int) -> bool:
+    """True when argv[i] is ``--listen`` and the next argument is its HOST:PORT (not a
+    file): ``--listen`` alone takes no value, so ``--listen app.py`` runs app.py."""
+    if argv[i] != "--listen" or i + 1 >= len(argv):
+        return False
+    nxt = argv[i + 1]
+    return bool(re.fullmatch(r"[\w.\-\[\]:]*:\d+", nxt)) and not os.path.exists(nxt)
 
 
 def _exit_status(code: Any) -> int:
@@ -615,11 +632,19 @@ def _profiler_kwargs(opts: argparse.Namespace) -> dict:
     return {"max_tasks": opts.max_tasks, "cpu_window_ms": opts.cpu_window,
             "slow_ms": opts.slow_ms, "interval_ms": _interval_ms(opts),
             "async_stacks": opts.format in ("collapsed", "html") or opts.by == "stack",
-            "trace": opts.format == "trace" or opts.trace, "trace_buffer": opts.trace_buffer}
+            "trace": opts.format == "trace" or opts.trace, "trace_buffer": opts.trace_buffer,
+            "listen": opts.listen}   # None: AIOPROF_LISTEN decides
 
 
 def _check(opts: argparse.Namespace) -> None:
     """Option combinations that cannot give a report (raises _Error)."""
+    if opts.listen is not None:
+        from aioprof.live import ListenError, listen_target
+
+        try:
+            listen_target(opts.listen, source="--listen")
+        except (ListenError, ValueError) as e:
+            raise _Error(str(e)) from None
     if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
         raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
                      f"turns sampling off")
@@ -720,6 +745,18 @@ def _serve_metrics(address: Tuple[str, int], profiler: "aioprof.Profiler") -> No
         raise _Error(f"argument --metrics: cannot serve on {shown}: {reason}") from None
 
 
+def _snapshot_command(argv: Sequence[str]) -> int:
+    """`python -m aioprof snapshot PID ...` (aioprof.live.client)."""
+    from aioprof.live.client import snapshot_main
+
+    return snapshot_main(argv)
+
+
+# Sub-commands: a first argument with one of these names is the command, not a script
+# (a script of that name runs as ./NAME).
+_COMMANDS: "dict[str, Callable[[Sequence[str]], int]]" = {"snapshot": _snapshot_command, "report": report_main}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     """Run the command line `argv` (default sys.argv[1:]); ends with SystemExit, or with
     the program's uncaught KeyboardInterrupt.
@@ -729,12 +766,13 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     finalizes and dies of SIGINT; SIGTERM at its default: death by SIGTERM after the
     report); 2 for a usage error before the program starts.
 
-    A first argument of exactly ``report`` is the `report_main` subcommand instead.
+    A first argument of exactly ``report`` or ``snapshot`` is that subcommand instead
+    (`report_main`, `aioprof.live.client.snapshot_main`).
     """
     if argv is None:
         argv = sys.argv[1:]
-    if argv and argv[0] == "report":   # a subcommand; ./report runs a script of that name
-        report_main(argv[1:])
+    if argv and argv[0] in _COMMANDS:
+        raise SystemExit(_COMMANDS[argv[0]](argv[1:]))
     try:
         program, session = _setup(argv)
         program.set_argv()

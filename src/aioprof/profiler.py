@@ -63,6 +63,20 @@ def _milliseconds(name: str, value: Optional[float], old_name: str, old_seconds:
     return value
 
 
+def _listen_target(listen: Any) -> Any:
+    """aioprof.live.listen_target: None, "unix" or (host, port); a bad AIOPROF_LISTEN is a
+    warning."""
+    from aioprof.live import ListenError, listen_target
+
+    try:
+        return listen_target(listen)
+    except ListenError as e:
+        if listen is None:
+            warnings.warn(f"aioprof: not listening: {e}", RuntimeWarning, stacklevel=3)
+            return None
+        raise ValueError(str(e)) from None
+
+
 _SUBINTERPRETER = ("aioprof._core cannot be loaded in a subinterpreter: aioprof profiles the "
                    "main interpreter only (docs/design.md)")
 
@@ -197,6 +211,16 @@ class Profiler:
             (the tasks awaiting it + its await chain), for the idle flame graph.
         trace: record a timeline (steps, scheduled and await intervals, ticks, selects,
             task creation) in a ring of `trace_buffer` events (int >= 1).
+        listen: serve the figures while running, to ``python -m aioprof snapshot PID``
+            of the same user, on the Unix socket ``PID.sock`` in a directory only this
+            user can enter (docs/live.md). True (or "unix") listens, False does not;
+            None (the default) listens if the environment has ``AIOPROF_LISTEN=1`` (or
+            ``AIOPROF_LISTEN=HOST:PORT``). The socket is made by ``start()`` and removed
+            by ``stop()``. A string ``"HOST:PORT"`` listens on TCP instead, on a
+            loopback address only (``127.0.0.1:0`` picks a free port): ``start()``
+            prints the port and a random token on stderr and writes them to
+            ``PID.tcp`` (mode 0600) in that directory; every request must carry the
+            token. Another address is a ValueError.
         interval, cpu_window: deprecated (DeprecationWarning): the same in seconds.
 
     Raises:
@@ -204,13 +228,18 @@ class Profiler:
             both ``interval`` and ``interval_ms`` (``cpu_window`` and ``cpu_window_ms``)
             are given.
         ValueError: an argument is out of range.
-        RuntimeError: from ``start()`` when another profiler is already running.
+        RuntimeError: from ``start()`` when another profiler is already running, or
+            when ``listen=True`` and the socket cannot be made (its directory is
+            refused: owned by another user or open to others; the message says which).
+            With listening asked only by ``AIOPROF_LISTEN``, that is a warning and the
+            profiler runs without listening.
     """
 
     def __init__(self, *, max_tasks: int = 10000, cpu_window_ms: Optional[float] = None,
                  slow_ms: float = 100.0, interval_ms: Optional[float] = None,
                  async_stacks: bool = False, trace: bool = False, trace_buffer: int = 200_000,
-                 interval: Optional[float] = None, cpu_window: Optional[float] = None) -> None:
+                 interval: Optional[float] = None, cpu_window: Optional[float] = None,
+                 listen: Any = None) -> None:
         interval_ms = _milliseconds("interval_ms", interval_ms, "interval", interval, 0.0)
         cpu_window_ms = _milliseconds("cpu_window_ms", cpu_window_ms, "cpu_window", cpu_window, 1.0)
         _check_int("max_tasks", max_tasks, 0, None)
@@ -232,11 +261,15 @@ class Profiler:
         self._final: Optional[dict] = None
         self._start_unix_s = 0.0
         self._final_metrics: Optional[dict] = None
-        # Held while a metrics scrape reads the core (from its own thread) and while stop()
-        # ends the session, so that a scrape never reads a session being freed.
+        # Held while a metrics scrape or a live client's snapshot reads the core (from
+        # their own threads) and while stop() ends the session, so that they never read a
+        # session being freed.
         self._metrics_lock = _thread.allocate_lock()
         self._running = False
         self._uvloop: Optional[_UvloopWatch] = None
+        self.listen = listen
+        self._listen = _listen_target(listen)
+        self._server: Any = None
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> "Profiler":
@@ -246,8 +279,14 @@ class Profiler:
         """
         _core = load_core()   # imported late: reports render without a built core
 
-        _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
-                    int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
+        server = self._bind() if self._listen else None
+        try:
+            _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
+                        int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
         if "uvloop" not in sys.modules:   # else the core hooked it in start()
             self._uvloop = _UvloopWatch(_core._uv_hook)
             sys.meta_path.insert(0, self._uvloop)
@@ -256,13 +295,60 @@ class Profiler:
         self._start_unix_s = time.time()
         # The sampler thread must not outlive the interpreter: stop at exit at the latest.
         atexit.register(self.stop)
+        if server is not None:
+            self._serve(server)
         return self
+
+    def _serve(self, server: Any) -> None:
+        from aioprof.live import ListenError
+
+        try:
+            self._server = server.start()
+        except ListenError as e:   # no thread could be started
+            self._listen_failed(e)
+            return
+        line = server.announcement()   # TCP: the token, for the owner's eyes
+        if line is not None:
+            print(f"aioprof: {line}", file=sys.stderr, flush=True)
+
+    def _listen_failed(self, error: Exception) -> None:
+        """Listening cannot start: one warning if only AIOPROF_LISTEN asked for it (the
+        profiler runs on), else stop and raise RuntimeError."""
+        if self.listen is None:
+            warnings.warn(f"aioprof: not listening ({error})", RuntimeWarning, stacklevel=4)
+            return
+        self.stop()
+        raise RuntimeError(f"cannot listen: {error}") from None
+
+    def _bind(self) -> Any:
+        """The live server's socket, bound (not serving yet), or None when only
+        AIOPROF_LISTEN asked for it and it cannot be made (then one warning)."""
+        from aioprof import __version__
+        from aioprof.live import ListenError
+        from aioprof.live.server import Server
+
+        try:
+            return Server(self._live_snapshot, __version__, self._listen)
+        except ListenError as e:
+            self._listen_failed(e)
+            return None
+
+    def _live_snapshot(self) -> dict:
+        """The document a live client gets (called in the server's threads)."""
+        with self._metrics_lock:   # (not while stop() frees the session)
+            if not self._running:
+                raise RuntimeError("the profiler has stopped")
+            raw = load_core().snapshot()
+        return self._document(raw, self._start_unix_s)
 
     def stop(self) -> "Profiler":
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
         if self._running:
             self._running = False
             atexit.unregister(self.stop)
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
             if self._uvloop is not None:
                 self._uvloop.remove()
                 self._uvloop = None
