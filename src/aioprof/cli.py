@@ -136,7 +136,12 @@ def _parser() -> _Parser:
                    help="text tables (default), the JSON document of docs/json.md, folded "
                         "stacks for flame graphs (collapsed), Chrome trace-event JSON "
                         "for Perfetto (trace) or a gzipped pprof profile for go tool "
-                        "pprof, Pyroscope and Parca (pprof; binary, needs -o)")
+                        "pprof, Pyroscope and Parca (pprof; binary, needs -o), or one "
+                        "self-contained page with tables, flame graphs and the timeline "
+                        "(html; docs/html.md)")
+    p.add_argument("--trace", action="store_true",
+                   help="record the trace (every step, wait and tick: the timeline of "
+                        "--format html, or kept in --format json); on with --format trace")
     p.add_argument("--flame", choices=report.FLAMES, default="cpu",
                    help="with --format collapsed: sampled on-loop time (cpu, default), "
                         "await time (idle) or both (wall), in microseconds")
@@ -165,7 +170,7 @@ def _parser() -> _Parser:
                         "sampling). Default: 1.0 with --flame cpu/wall or --by stack, "
                         "else off (docs/stacks.md: the sampler's limits)")
     p.add_argument("--trace-buffer", type=_at_least_one, default=200000, metavar="N",
-                   help="with --format trace: keep the newest N trace events (default "
+                   help="with --format trace or --trace: keep the newest N trace events (default "
                         "200000)")
     p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
@@ -186,7 +191,7 @@ def _report_parser() -> _Parser:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the report to FILE instead of stdout (replaced only when complete)")
     p.add_argument("--format", choices=report.FORMATS, default="text",
-                   help="text (default), json (the merged document), collapsed, trace or pprof "
+                   help="text (default), json (the merged document), collapsed, trace, html or pprof "
                         "(binary: -o FILE or a pipe), as for a run")
     p.add_argument("--flame", choices=report.FLAMES, default="cpu",
                    help="with --format collapsed: cpu (default), idle or wall")
@@ -618,7 +623,7 @@ def _interval_ms(opts: argparse.Namespace) -> float:
     if opts.interval is not None:
         return opts.interval
     wants_samples = ((opts.format == "collapsed" and opts.flame in ("cpu", "wall"))
-                     or opts.format == "pprof" or opts.by == "stack")
+                     or opts.format in ("pprof", "html") or opts.by == "stack")
     return 1.0 if wants_samples else 0.0
 
 
@@ -626,8 +631,8 @@ def _profiler_kwargs(opts: argparse.Namespace) -> dict:
     """The keyword arguments of aioprof.Profiler for the options."""
     return {"max_tasks": opts.max_tasks, "cpu_window_ms": opts.cpu_window,
             "slow_ms": opts.slow_ms, "interval_ms": _interval_ms(opts),
-            "async_stacks": opts.format == "collapsed" or opts.by == "stack",
-            "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer,
+            "async_stacks": opts.format in ("collapsed", "html") or opts.by == "stack",
+            "trace": opts.format == "trace" or opts.trace, "trace_buffer": opts.trace_buffer,
             "listen": opts.listen}   # None: AIOPROF_LISTEN decides
 
 
@@ -680,7 +685,7 @@ def _ignored(options: Sequence[str], opts: argparse.Namespace) -> List[str]:
     for name in dict.fromkeys(_given(options)):
         if ((name in text_only and opts.format != "text")
                 or (name == "--flame" and opts.format != "collapsed")
-                or (name == "--trace-buffer" and opts.format != "trace")):
+                or (name == "--trace-buffer" and opts.format != "trace" and not getattr(opts, "trace", False))):
             ignored.append(name)
     return ignored
 

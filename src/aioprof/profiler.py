@@ -446,9 +446,10 @@ class Profiler:
         """Write the report to `file` (default sys.stderr), as `aioprof.report.write`.
 
         format: "text" (tables), "json" (docs/json.md), "collapsed" (folded stacks of
-        the `flame` "cpu", "idle" or "wall"), "trace" (Chrome trace events) or "pprof"
-        (a gzipped pprof profile, binary: `file` is a binary file, or a text file whose
-        ``buffer`` gets the bytes; never a terminal). sort, limit, by, show_internal and
+        the `flame` "cpu", "idle" or "wall"), "trace" (Chrome trace events), "html" (one
+        self-contained page, docs/html.md: it shows the samples, async stacks and trace
+        the profiler recorded) or "pprof" (a gzipped pprof profile, binary: `file` is a
+        binary file, or a text file whose ``buffer`` gets the bytes; never a terminal). sort, limit, by, show_internal and
         width shape the text report (see `aioprof.report.text`). Raises ValueError for an
         unknown format, sort, by or flame, or pprof to a terminal.
         """
