@@ -68,7 +68,7 @@ VALGRIND := valgrind --quiet --error-exitcode=99 --errors-for-leak-kinds=definit
 	--leak-check=full --show-leak-kinds=definite --num-callers=40 \
 	--suppressions=tools/valgrind.supp
 
-.PHONY: help build build-all deps deps-all build-deps test test-py test-real test-asyncio \
+.PHONY: help build build-all deps deps-all build-deps test test-py test-real test-asyncio test-suites \
 	test-micropython asan valgrind debug lint bench demo install-check clean
 
 help:
@@ -81,6 +81,7 @@ help:
 	@echo "make test-real     only tests/real/ (real servers and clients under aioprof) on PY"
 	@echo "make test-asyncio  CPython's test_asyncio under aioprof on PY (SAMPLE_MS=1: sampling)"
 	@echo "make test-micropython  the MicroPython port's tests (micropython/, tools/micropython), pytest on PY"
+	@echo "make test-suites   uvloop's, anyio's, pytest-asyncio's, aiohttp's suites under aioprof on PY (SUITES=...)"
 	@echo "make asan          '-m sanitize' tests against an ASan+UBSan build ($(ASAN_PY))"
 	@echo "make valgrind      '-m sanitize' tests under valgrind memcheck ($(VALGRIND_PY))"
 	@echo "make debug         '-m sanitize' tests, reference leaks included, on a debug build ($(DEBUG_PY))"
@@ -137,6 +138,13 @@ test-asyncio: build
 test-micropython: build
 	@AIOPROF_REQUIRE_MICROPYTHON=1 PYTHONPATH=src $(PYTEST) micropython $(PYTHON) -m pytest \
 		tests/micropython/micropython_checks.py -p no:cacheprovider $(PYTEST_ARGS)
+
+# Libraries' own test suites with aioprof started in every process (tests/suites/run_suites.py;
+# fetched into build/suites/ on first use). tools/test-all.sh picks one interpreter per suite.
+SUITES ?= uvloop anyio pytest-asyncio aiohttp
+test-suites: build
+	@set -e; for s in $(SUITES); do timeout --kill-after=30 $${PYTEST_TIMEOUT:-900} \
+		$(PYTHON) tests/suites/run_suites.py $$s --interval $(SAMPLE_MS); done
 
 # Copy the pure-Python package next to the ASan .so, so that `import aioprof._core` under
 # PYTHONPATH=build/asan finds the ASan build and never the in-place one in src/.

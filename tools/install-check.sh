@@ -18,6 +18,8 @@ check() { # NAME PIP-ARGS...
     (cd "$tmp" && PYTHONPATH="$tmp/site" "$py" -c '
 import sys, aioprof, aioprof._core as c
 assert c.__file__.startswith(sys.argv[1]), c.__file__
+from aioprof.report import html   # its template is package data: it must be installed
+assert html.__file__.startswith(sys.argv[1]) and "aioprof-data" in html.render({"aioprof": 1})
 print("  imported", c.__file__)' "$tmp/site" && PYTHONPATH="$tmp/site" "$py" -m aioprof --help >/dev/null)
     echo "install-check: $name: ok"
 }

@@ -42,4 +42,6 @@ apt_install golang-go
 # tests/real/test_prometheus.py starts its own Prometheus server (on 127.0.0.1, a temporary
 # config and data directory; the packaged service is not used).
 apt_install prometheus
+# tests/integration/test_html.py opens the HTML report in headless Chromium, offline.
+apt_install chromium
 "${MAKE:-make}" --no-print-directory deps-all

@@ -2,8 +2,9 @@
 # `make test`: setup (tools/install-deps.sh: missing Debian packages, then the pip test
 # dependencies of every interpreter), then build and pytest on each interpreter in $PYTHONS,
 # and CPython's own test_asyncio under aioprof on each, without and with sampling
-# (tests/suites/, docs/testing.md), then the MicroPython port's tests, `make lint`
-# (cppcheck), `make asan`, `make valgrind` and `make debug` (3.14's debug build). Every step runs
+# (tests/suites/, docs/testing.md), then uvloop's, anyio's, pytest-asyncio's and aiohttp's
+# own suites under aioprof, the MicroPython port's tests, `make lint` (cppcheck), `make asan`,
+# `make valgrind` and `make debug` (3.14's debug build). Every step runs
 # even when an earlier one failed
 # (pytest is skipped only for an interpreter whose build failed), and the summary at the
 # end names the failures. Exit status 0 only if every step passed.
@@ -39,6 +40,12 @@ for py in $PYTHONS; do
         names+=("pytest $ver" "test_asyncio $ver" "test_asyncio $ver, sampling") secs+=(0 0 0)
         results+=("SKIPPED (build failed)" "SKIPPED (build failed)" "SKIPPED (build failed)")
     fi
+done
+# Libraries' own suites under aioprof, one interpreter each (tests/suites/run_suites.py,
+# docs/testing.md: which runs where, and why).
+for spec in "uvloop 3.13 0" "anyio 3.11 1" "pytest-asyncio 3.12 0" "aiohttp 3.10 1"; do
+    read -r suite ver ms <<<"$spec"
+    step "suite $suite $ver" "$MAKE" --no-print-directory test-suites PY="python$ver" SUITES="$suite" SAMPLE_MS="$ms"
 done
 step "micropython" "$MAKE" --no-print-directory test-micropython PY="${PYTHONS%% *}"
 step "lint (cppcheck)" "$MAKE" --no-print-directory lint

@@ -24,6 +24,7 @@ import importlib.util
 import io
 import os
 import pkgutil
+import re
 import runpy
 import signal
 import stat
@@ -45,7 +46,9 @@ DESCRIPTION = ("Run a Python program under the aioprof asyncio profiler, then wr
 EPILOG = ("Exit status: the program's, as python would give it; 2 when aioprof cannot "
           "start the program (bad option, missing script or module, unwritable -o file). "
           "`report` as the first argument re-renders saved JSON reports (report -h); "
-          "./report runs a script of that name. See docs/cli.md.")
+          "`snapshot PID` gives the report of a running process started with --listen, "
+          "as of now (docs/live.md); ./report or ./snapshot runs a script of that name. "
+          "See docs/cli.md.")
 REPORT_USAGE = ("python -m aioprof report FILE.json [FILE.json ...] [--format F] [-o OUT] "
                 "[text options]")
 REPORT_DESCRIPTION = ("Re-render reports saved with --format json, in any format whose data "
@@ -133,7 +136,12 @@ def _parser() -> _Parser:
                    help="text tables (default), the JSON document of docs/json.md, folded "
                         "stacks for flame graphs (collapsed), Chrome trace-event JSON "
                         "for Perfetto (trace) or a gzipped pprof profile for go tool "
-                        "pprof, Pyroscope and Parca (pprof; binary, needs -o)")
+                        "pprof, Pyroscope and Parca (pprof; binary, needs -o), or one "
+                        "self-contained page with tables, flame graphs and the timeline "
+                        "(html; docs/html.md)")
+    p.add_argument("--trace", action="store_true",
+                   help="record the trace (every step, wait and tick: the timeline of "
+                        "--format html, or kept in --format json); on with --format trace")
     p.add_argument("--flame", choices=report.FLAMES, default="cpu",
                    help="with --format collapsed: sampled on-loop time (cpu, default), "
                         "await time (idle) or both (wall), in microseconds")
@@ -163,11 +171,16 @@ def _parser() -> _Parser:
                         "sampling). Default: 1.0 with --flame cpu/wall or --by stack, "
                         "else off (docs/stacks.md: the sampler's limits)")
     p.add_argument("--trace-buffer", type=_at_least_one, default=200000, metavar="N",
-                   help="with --format trace: keep the newest N trace events (default "
+                   help="with --format trace or --trace: keep the newest N trace events (default "
                         "200000)")
     p.add_argument("--metrics", type=_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
                         "program runs (needs prometheus_client; docs/prometheus.md)")
+    p.add_argument("--listen", nargs="?", const="unix", default=None, metavar="HOST:PORT",
+                   help="serve the figures while the program runs, to `python -m aioprof "
+                        "snapshot PID` of the same user, on a Unix socket only this user can "
+                        "reach (docs/live.md); with 127.0.0.1:PORT on a loopback TCP port "
+                        "instead, each request carrying the token printed on stderr")
     p.add_argument("--subprocesses", action="store_true",
                    help="profile the program's child processes too (fork, multiprocessing, "
                         "subprocess running Python) and merge their figures into the "
@@ -183,7 +196,7 @@ def _report_parser() -> _Parser:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the report to FILE instead of stdout (replaced only when complete)")
     p.add_argument("--format", choices=report.FORMATS, default="text",
-                   help="text (default), json (the merged document), collapsed, trace or pprof "
+                   help="text (default), json (the merged document), collapsed, trace, html or pprof "
                         "(binary: -o FILE or a pipe), as for a run")
     p.add_argument("--flame", choices=report.FLAMES, default="cpu",
                    help="with --format collapsed: cpu (default), idle or wall")
@@ -266,10 +279,19 @@ def _split(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str]
             if arg.startswith(flag):
                 return list(argv[:i]), kind, arg[2:], list(argv[i + 1:])
         if arg.startswith("-") and arg != "-":
-            i += 2 if arg in _VALUE_OPTIONS else 1
+            i += 2 if arg in _VALUE_OPTIONS or _listen_address_follows(argv, i) else 1
             continue
         return list(argv[:i]), "script", arg, list(argv[i + 1:])
     return list(argv), None, None, []
+
+
+def _listen_address_follows(argv: Sequence[str], i: int) -> bool:
+    """True when argv[i] is ``--listen`` and the next argument is its HOST:PORT (not a
+    file): ``--listen`` alone takes no value, so ``--listen app.py`` runs app.py."""
+    if argv[i] != "--listen" or i + 1 >= len(argv):
+        return False
+    nxt = argv[i + 1]
+    return bool(re.fullmatch(r"[\w.\-\[\]:]*:\d+", nxt)) and not os.path.exists(nxt)
 
 
 def _exit_status(code: Any) -> int:
@@ -616,7 +638,7 @@ def _interval_ms(opts: argparse.Namespace) -> float:
     if opts.interval is not None:
         return opts.interval
     wants_samples = ((opts.format == "collapsed" and opts.flame in ("cpu", "wall"))
-                     or opts.format == "pprof" or opts.by == "stack")
+                     or opts.format in ("pprof", "html") or opts.by == "stack")
     return 1.0 if wants_samples else 0.0
 
 
@@ -624,12 +646,20 @@ def _profiler_kwargs(opts: argparse.Namespace) -> dict:
     """The keyword arguments of aioprof.Profiler for the options."""
     return {"max_tasks": opts.max_tasks, "cpu_window_ms": opts.cpu_window,
             "slow_ms": opts.slow_ms, "interval_ms": _interval_ms(opts),
-            "async_stacks": opts.format == "collapsed" or opts.by == "stack",
-            "trace": opts.format == "trace", "trace_buffer": opts.trace_buffer}
+            "async_stacks": opts.format in ("collapsed", "html") or opts.by == "stack",
+            "trace": opts.format == "trace" or opts.trace, "trace_buffer": opts.trace_buffer,
+            "listen": opts.listen}   # None: AIOPROF_LISTEN decides
 
 
 def _check(opts: argparse.Namespace) -> None:
     """Option combinations that cannot give a report (raises _Error)."""
+    if opts.listen is not None:
+        from aioprof.live import ListenError, listen_target
+
+        try:
+            listen_target(opts.listen, source="--listen")
+        except (ListenError, ValueError) as e:
+            raise _Error(str(e)) from None
     if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
         raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
                      f"turns sampling off")
@@ -670,7 +700,7 @@ def _ignored(options: Sequence[str], opts: argparse.Namespace) -> List[str]:
     for name in dict.fromkeys(_given(options)):
         if ((name in text_only and opts.format != "text")
                 or (name == "--flame" and opts.format != "collapsed")
-                or (name == "--trace-buffer" and opts.format != "trace")):
+                or (name == "--trace-buffer" and opts.format != "trace" and not getattr(opts, "trace", False))):
             ignored.append(name)
     return ignored
 
@@ -735,6 +765,18 @@ def _serve_metrics(address: Tuple[str, int], profiler: "aioprof.Profiler") -> No
         raise _Error(f"argument --metrics: cannot serve on {shown}: {reason}") from None
 
 
+def _snapshot_command(argv: Sequence[str]) -> int:
+    """`python -m aioprof snapshot PID ...` (aioprof.live.client)."""
+    from aioprof.live.client import snapshot_main
+
+    return snapshot_main(argv)
+
+
+# Sub-commands: a first argument with one of these names is the command, not a script
+# (a script of that name runs as ./NAME).
+_COMMANDS: "dict[str, Callable[[Sequence[str]], int]]" = {"snapshot": _snapshot_command, "report": report_main}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     """Run the command line `argv` (default sys.argv[1:]); ends with SystemExit, or with
     the program's uncaught KeyboardInterrupt.
@@ -744,16 +786,22 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     finalizes and dies of SIGINT; SIGTERM at its default: death by SIGTERM after the
     report); 2 for a usage error before the program starts.
 
-    A first argument of exactly ``report`` is the `report_main` subcommand instead.
+    A first argument of exactly ``report`` or ``snapshot`` is that subcommand instead
+    (`report_main`, `aioprof.live.client.snapshot_main`).
     """
     if argv is None:
         argv = sys.argv[1:]
-    if argv and argv[0] == "report":   # a subcommand; ./report runs a script of that name
-        report_main(argv[1:])
+    if argv and argv[0] in _COMMANDS:
+        raise SystemExit(_COMMANDS[argv[0]](argv[1:]))
     try:
         program, session = _setup(argv)
         program.set_argv()
         atexit.register(session.finish)
+        # The command line imports asyncio before the program (Profiler.start() would wait
+        # for the program's own import): an asyncio imported during the program changes
+        # the order in which finalization after Ctrl-C frees the program's objects
+        # (test_signals.py::test_sigint_finalizes_like_python).
+        import asyncio  # noqa: F401
         try:
             session.profiler.start()
         except Exception as e:

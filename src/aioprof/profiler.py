@@ -63,6 +63,20 @@ def _milliseconds(name: str, value: Optional[float], old_name: str, old_seconds:
     return value
 
 
+def _listen_target(listen: Any) -> Any:
+    """aioprof.live.listen_target: None, "unix" or (host, port); a bad AIOPROF_LISTEN is a
+    warning."""
+    from aioprof.live import ListenError, listen_target
+
+    try:
+        return listen_target(listen)
+    except ListenError as e:
+        if listen is None:
+            warnings.warn(f"aioprof: not listening: {e}", RuntimeWarning, stacklevel=3)
+            return None
+        raise ValueError(str(e)) from None
+
+
 _SUBINTERPRETER = ("aioprof._core cannot be loaded in a subinterpreter: aioprof profiles the "
                    "main interpreter only (docs/design.md)")
 
@@ -79,19 +93,20 @@ def load_core() -> Any:
     return _core
 
 
-class _UvloopWatch:
-    """A `sys.meta_path` entry that finds nothing itself: when the program imports uvloop
-    while the profiler runs, it lets the other finders find it, and once uvloop's module
-    has run, has the core hook its Loop. So the profiler never imports uvloop on the
-    program's behalf. One use: it leaves `sys.meta_path` when uvloop is imported or the
-    profiler stops; the module keeps its own loader and spec."""
+class _ImportWatch:
+    """A `sys.meta_path` entry that finds nothing itself: when the program imports `name`
+    (uvloop, asyncio) while the profiler runs, it lets the other finders find it, and once
+    the module has run, calls `hook` (the core hooks uvloop's Loop; the profiler starts its
+    core once asyncio is there). So the profiler never imports either on the program's
+    behalf. One use: it leaves `sys.meta_path` when the module is imported or the profiler
+    stops; the module keeps its own loader and spec."""
 
-    def __init__(self, hook: Any) -> None:
-        self.hook = hook
+    def __init__(self, name: str, hook: Any, what: str) -> None:
+        self.name, self.hook, self.what = name, hook, what
         self.finding = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "uvloop" or self.finding:
+        if name != self.name or self.finding:
             return None
         self.finding = True
         try:
@@ -109,6 +124,10 @@ class _UvloopWatch:
         spec.loader = _HookAfterExec(spec.loader, self)
         return spec
 
+    def insert(self) -> "_ImportWatch":
+        sys.meta_path.insert(0, self)
+        return self
+
     def remove(self) -> None:
         try:
             sys.meta_path.remove(self)
@@ -117,10 +136,10 @@ class _UvloopWatch:
 
 
 class _HookAfterExec:
-    """Loader of uvloop: the real loader's, then the hook; puts the real one back on the
+    """Loader of the watched module: the real loader's, then the hook; puts the real one back on the
     module before it runs."""
 
-    def __init__(self, loader: Any, watch: _UvloopWatch) -> None:
+    def __init__(self, loader: Any, watch: _ImportWatch) -> None:
         self.loader, self.watch = loader, watch
 
     def create_module(self, spec: Any) -> Any:
@@ -135,9 +154,9 @@ class _HookAfterExec:
         self.watch.remove()
         try:
             self.watch.hook()
-        except Exception as e:   # profiling goes on without uvloop's task steps
-            warnings.warn(f"aioprof: cannot hook uvloop: {type(e).__name__}: {e}", RuntimeWarning,
-                          stacklevel=2)
+        except Exception as e:   # the program goes on (without uvloop's task steps)
+            warnings.warn(f"aioprof: cannot {self.watch.what}: {type(e).__name__}: {e}",
+                          RuntimeWarning, stacklevel=2)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
@@ -169,6 +188,11 @@ def _loop_notes() -> list:
             "it runs get no steps"]
 
 
+# The profiler that waits for the program's `import asyncio` to start its core (at most one
+# runs at a time, as the core's session).
+_waiting: Optional["Profiler"] = None
+
+
 class Profiler:
     """Profile the asyncio event loops of this process.
 
@@ -197,6 +221,16 @@ class Profiler:
             (the tasks awaiting it + its await chain), for the idle flame graph.
         trace: record a timeline (steps, scheduled and await intervals, ticks, selects,
             task creation) in a ring of `trace_buffer` events (int >= 1).
+        listen: serve the figures while running, to ``python -m aioprof snapshot PID``
+            of the same user, on the Unix socket ``PID.sock`` in a directory only this
+            user can enter (docs/live.md). True (or "unix") listens, False does not;
+            None (the default) listens if the environment has ``AIOPROF_LISTEN=1`` (or
+            ``AIOPROF_LISTEN=HOST:PORT``). The socket is made by ``start()`` and removed
+            by ``stop()``. A string ``"HOST:PORT"`` listens on TCP instead, on a
+            loopback address only (``127.0.0.1:0`` picks a free port): ``start()``
+            prints the port and a random token on stderr and writes them to
+            ``PID.tcp`` (mode 0600) in that directory; every request must carry the
+            token. Another address is a ValueError.
         interval, cpu_window: deprecated (DeprecationWarning): the same in seconds.
 
     Raises:
@@ -204,13 +238,18 @@ class Profiler:
             both ``interval`` and ``interval_ms`` (``cpu_window`` and ``cpu_window_ms``)
             are given.
         ValueError: an argument is out of range.
-        RuntimeError: from ``start()`` when another profiler is already running.
+        RuntimeError: from ``start()`` when another profiler is already running, or
+            when ``listen=True`` and the socket cannot be made (its directory is
+            refused: owned by another user or open to others; the message says which).
+            With listening asked only by ``AIOPROF_LISTEN``, that is a warning and the
+            profiler runs without listening.
     """
 
     def __init__(self, *, max_tasks: int = 10000, cpu_window_ms: Optional[float] = None,
                  slow_ms: float = 100.0, interval_ms: Optional[float] = None,
                  async_stacks: bool = False, trace: bool = False, trace_buffer: int = 200_000,
-                 interval: Optional[float] = None, cpu_window: Optional[float] = None) -> None:
+                 interval: Optional[float] = None, cpu_window: Optional[float] = None,
+                 listen: Any = None) -> None:
         interval_ms = _milliseconds("interval_ms", interval_ms, "interval", interval, 0.0)
         cpu_window_ms = _milliseconds("cpu_window_ms", cpu_window_ms, "cpu_window", cpu_window, 1.0)
         _check_int("max_tasks", max_tasks, 0, None)
@@ -232,66 +271,169 @@ class Profiler:
         self._final: Optional[dict] = None
         self._start_unix_s = 0.0
         self._final_metrics: Optional[dict] = None
-        # Held while a metrics scrape reads the core (from its own thread) and while stop()
-        # ends the session, so that a scrape never reads a session being freed.
+        # Held while a metrics scrape or a live client's snapshot reads the core (from
+        # their own threads) and while stop() ends the session, so that they never read a
+        # session being freed.
         self._metrics_lock = _thread.allocate_lock()
         self._running = False
-        self._uvloop: Optional[_UvloopWatch] = None
+        self._watches: list = []       # _ImportWatch entries of this run, on sys.meta_path
+        self._core_started = False
+        self.listen = listen
+        self._listen = _listen_target(listen)
+        self._server: Any = None
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> "Profiler":
         """Install the hooks and start counting; returns self.
 
+        Imports neither asyncio nor uvloop: if the program has not imported asyncio yet,
+        the hooks go in as soon as it does (the report's ``wall_s`` counts from then), and
+        uvloop's Loop is hooked when the program imports uvloop (docs/design.md).
+
         Raises RuntimeError if a profiler is already running in this process.
         """
         _core = load_core()   # imported late: reports render without a built core
 
-        _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
-                    int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
-        if "uvloop" not in sys.modules:   # else the core hooked it in start()
-            self._uvloop = _UvloopWatch(_core._uv_hook)
-            sys.meta_path.insert(0, self._uvloop)
+        global _waiting
+        if _core.is_active() or (_waiting is not None and _waiting._running):
+            raise RuntimeError("an aioprof profiler is already running in this process")
+        server = self._bind() if self._listen else None
+        self._t_start = _core.clock_ns()
+        try:
+            if "asyncio" in sys.modules:
+                self._start_core()
+            else:
+                self._watches.append(_ImportWatch("asyncio", self._start_core, "start profiling").insert())
+                _waiting = self
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        if "uvloop" not in sys.modules:   # else the core hooked it in _start_core()
+            # Also when uvloop itself imports asyncio: the core starts inside uvloop's
+            # import, before its Loop exists, and this hooks Loop once uvloop has run.
+            self._watches.append(_ImportWatch("uvloop", _core._uv_hook, "hook uvloop").insert())
         self._running = True
         self._final = self._final_metrics = None
         self._start_unix_s = time.time()
         # The sampler thread must not outlive the interpreter: stop at exit at the latest.
         atexit.register(self.stop)
+        if server is not None:
+            self._serve(server)
         return self
+
+    def _serve(self, server: Any) -> None:
+        from aioprof.live import ListenError
+
+        try:
+            self._server = server.start()
+        except ListenError as e:   # no thread could be started
+            self._listen_failed(e)
+            return
+        line = server.announcement()   # TCP: the token, for the owner's eyes
+        if line is not None:
+            print(f"aioprof: {line}", file=sys.stderr, flush=True)
+
+    def _listen_failed(self, error: Exception) -> None:
+        """Listening cannot start: one warning if only AIOPROF_LISTEN asked for it (the
+        profiler runs on), else stop and raise RuntimeError."""
+        if self.listen is None:
+            warnings.warn(f"aioprof: not listening ({error})", RuntimeWarning, stacklevel=4)
+            return
+        self.stop()
+        raise RuntimeError(f"cannot listen: {error}") from None
+
+    def _bind(self) -> Any:
+        """The live server's socket, bound (not serving yet), or None when only
+        AIOPROF_LISTEN asked for it and it cannot be made (then one warning)."""
+        from aioprof import __version__
+        from aioprof.live import ListenError
+        from aioprof.live.server import Server
+
+        try:
+            return Server(self._live_snapshot, __version__, self._listen)
+        except ListenError as e:
+            self._listen_failed(e)
+            return None
+
+    def _live_snapshot(self) -> dict:
+        """The document a live client gets (called in the server's threads)."""
+        with self._metrics_lock:   # (not while stop() frees the session)
+            if not self._running:
+                raise RuntimeError("the profiler has stopped")
+            raw = self._raw(stop=False)
+        return self._document(raw, self._start_unix_s)
+
+    def _start_core(self) -> None:
+        global _waiting
+        _waiting = None
+        _core = load_core()
+        _core.start(self.max_tasks, int(self.cpu_window_ms * 1e6), int(self.slow_ms * 1e6),
+                    int(self.interval_ms * 1e6), self.async_stacks, self.trace_buffer if self.trace else 0)
+        self._core_started = True
 
     def stop(self) -> "Profiler":
         """Remove the hooks and keep the final snapshot; returns self. Idempotent."""
         if self._running:
             self._unhook()
-            _core = load_core()
-
-            with self._metrics_lock:
-                self._final_metrics = _core.metrics()
-                raw = _core.stop()
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+            with self._metrics_lock:   # (a scrape or a live snapshot in another thread)
+                self._final_metrics = load_core().metrics() if self._core_started else None
+                raw = self._raw(stop=True)
             self._final = self._document(raw, self._start_unix_s)
+            self._core_started = False
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
         return self
 
     def _unhook(self) -> None:
-        """Not running any more: no stop at exit, no watch for uvloop's import."""
+        """Not running any more: no stop at exit, no import watches."""
+        global _waiting
         self._running = False
         atexit.unregister(self.stop)
-        if self._uvloop is not None:
-            self._uvloop.remove()
-            self._uvloop = None
+        for watch in self._watches:
+            watch.remove()
+        self._watches = []
+        _waiting = None if _waiting is self else _waiting
 
     def _abandon(self) -> None:
         """In a forked child (aioprof.subprocesses): the running session was copied from
-        the parent and its figures are the parent's; drop it, no report, no warnings."""
+        the parent and its figures are the parent's; drop it, no report, no warnings.
+        The live server's threads and socket are the parent's: left alone."""
         if self._running:
+            self._metrics_lock = _thread.allocate_lock()   # (may have been copied held)
             self._unhook()
-            with self._metrics_lock:
+            self._server = None
+            if self._core_started:
                 try:
                     load_core().stop()
                 except RuntimeError:
                     pass
+            self._core_started = False
             self._final = self._final_metrics = None
+
+    def _raw(self, stop: bool) -> dict:
+        """The core's snapshot (ns), or, when asyncio was never imported, the same
+        document with nothing in it."""
+        if self._core_started:
+            _core = load_core()
+            return _core.stop() if stop else _core.snapshot()
+        raw: dict = {"wall_ns": load_core().clock_ns() - self._t_start,
+                     "cpu_window_ns": int(self.cpu_window_ms * 1e6), "slow_ns": int(self.slow_ms * 1e6),
+                     "dropped_tasks": 0, "warnings": []}
+        raw.update((key, []) for key in ("tasks", "coroutines", "callbacks", "sites", "loops",
+                                          "loops_folded", "frames", "blocking"))
+        if self.interval_ms:
+            raw["samples"] = {"interval_ns": int(self.interval_ms * 1e6), "count": 0,
+                              "uncharged_ns": 0, "stacks": []}
+        if self.async_stacks:
+            raw["idle_stacks"] = []
+        if self.trace:
+            raw["trace"] = {"capacity": self.trace_buffer, "dropped": 0, "events": []}
+        return raw
 
     @property
     def running(self) -> bool:
@@ -312,7 +454,7 @@ class Profiler:
         after stop(), the final snapshot. Raises RuntimeError if never started.
         """
         if self._running:
-            return self._document(load_core().snapshot(), self._start_unix_s)
+            return self._document(self._raw(stop=False), self._start_unix_s)
         if self._final is None:
             raise RuntimeError("this Profiler was never started")
         return self._final
@@ -324,9 +466,10 @@ class Profiler:
         """Write the report to `file` (default sys.stderr), as `aioprof.report.write`.
 
         format: "text" (tables), "json" (docs/json.md), "collapsed" (folded stacks of
-        the `flame` "cpu", "idle" or "wall"), "trace" (Chrome trace events) or "pprof"
-        (a gzipped pprof profile, binary: `file` is a binary file, or a text file whose
-        ``buffer`` gets the bytes; never a terminal). sort, limit, by, show_internal and
+        the `flame` "cpu", "idle" or "wall"), "trace" (Chrome trace events), "html" (one
+        self-contained page, docs/html.md: it shows the samples, async stacks and trace
+        the profiler recorded) or "pprof" (a gzipped pprof profile, binary: `file` is a
+        binary file, or a text file whose ``buffer`` gets the bytes; never a terminal). sort, limit, by, show_internal and
         width shape the text report (see `aioprof.report.text`). Raises ValueError for an
         unknown format, sort, by or flame, or pprof to a terminal.
         """

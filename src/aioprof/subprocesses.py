@@ -79,7 +79,9 @@ class Parent:
         self.dir = tempfile.mkdtemp(prefix="aioprof-parts-")     # mode 0700
         self.pid = os.getpid()
         pythonpath = os.environ.get("PYTHONPATH")
-        self.conf = {"dir": self.dir, "kwargs": profiler_kwargs, "pythonpath": pythonpath,
+        # (--listen serves the parent only: a child does not listen.)
+        kwargs = dict(profiler_kwargs, listen=False) if "listen" in profiler_kwargs else profiler_kwargs
+        self.conf = {"dir": self.dir, "kwargs": kwargs, "pythonpath": pythonpath,
                      "period_s": period_s, "home": _HOME}
         # The process environment only: os.environ (the program's view) stays as it is.
         os.putenv(ENV, json.dumps(self.conf))

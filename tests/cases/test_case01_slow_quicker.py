@@ -166,10 +166,35 @@ def test_loop(run):
     assert loop["io_events"] == 0
 
 
+def in_task(frames: list, coroutine: str) -> bool:
+    """The sampled stack `frames` (root first) runs in a task of `coroutine`."""
+    markers = [f for f in frames if f["kind"] == "task"]
+    return bool(markers) and markers[-1]["coroutine"] == coroutine
+
+
 def test_blocking_line_sampled(run):
     # The five ~80 ms blocking steps are all in slow, at [B_SLOW] (time.sleep inside
     # block(): a sample charges the whole blocked time to the line that called it).
     b = run.line("B_SLOW")
     busy = printed(run)[0]["slow"][0]
-    H.near(run.sampled_under_task("slow", ("slow", b)), busy, TOL, "sampled time at [B_SLOW] in task slow")
-    H.near(run.sampled_time(("slow", b)), busy, TOL, "sampled time at [B_SLOW]")
+    _, slow, _ = tasks(run)
+    at_b = run.sampled_under_task("slow", ("slow", b))
+    assert abs(run.sampled_time(("slow", b)) - at_b) <= 1e-9, "[B_SLOW] sampled outside task slow"
+    # A sample taken in the microseconds of a step before its block (a loaded machine
+    # stretches them: the thread is preempted there while the sampler runs; seen on 3.13,
+    # [B_SLOW] 39.6 ms short of 402 ms, half a block) shares the block's weight half and
+    # half with the sample after the block (docs/stacks.md: both are in one step). So
+    # [B_SLOW] is short of the program's figure by at most half a block for each such
+    # sample, and what it is short of is in slow's task all the same.
+    frames, other, n_other = run.doc["frames"], 0.0, 0
+    for st in run.doc["samples"]["stacks"]:
+        stack = [frames[i] for i in st["stack"]]
+        through_b = any(f["kind"] == "code" and run.is_case_file(f["file"])
+                        and (f["function"], f["line"]) == ("slow", b) for f in stack)
+        if in_task(stack, "slow") and not through_b:
+            other += st["time_s"]
+            n_other += st["samples"]
+    what = (f"task slow: {at_b:.4f} s sampled at [B_SLOW], {other:.4f} s in {n_other} samples "
+            f"elsewhere; the program blocked {busy:.4f} s")
+    H.near(at_b + other, busy, TOL, what)
+    H.within(other, 0.0, n_other * (slow["max_step_s"] / 2 + 0.002), what)

@@ -160,3 +160,64 @@ def test_module_declares_it_needs_the_gil():
         i += 1
     assert sorted(slots) == [PY_MOD_EXEC, PY_MOD_GIL], slots
     assert slots[PY_MOD_GIL] is None, slots   # None: a NULL void *, Py_MOD_GIL_USED
+
+
+ASYNCIO_LATER = """\
+    import json, sys, time
+    import aioprof
+    with aioprof.Profiler(interval_ms=float(sys.argv[2]), trace=True, async_stacks=True) as p:
+        print("during:", "asyncio" in sys.modules)
+        if sys.argv[1] == "use":
+            import asyncio
+            async def main():
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.05)
+                return time.perf_counter() - t0
+            waited = asyncio.run(main())
+    print("after:", "asyncio" in sys.modules,
+          [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("aioprof")])
+    doc = p.stats()
+    print("keys:", json.dumps(sorted(doc)), json.dumps(sorted(doc.get("samples", {}))))
+    if sys.argv[1] == "use":
+        (task,) = [t for t in doc["tasks"] if t["coroutine"] == "main"]
+        print("main:", task["steps"], task["idle_s"] + task["scheduled_s"], waited)
+    else:
+        print("empty:", doc["tasks"], doc["loops"], doc["warnings"], 0 < doc["wall_s"] < 60)
+"""
+
+
+@pytest.mark.parametrize("interval_ms", ["0", "1"])
+def test_profiler_does_not_import_asyncio(interval_ms):
+    """start/stop and `with Profiler()` import no asyncio; the document the program gets
+    has the same keys as one whose program ran a loop."""
+    unused = run_python(ASYNCIO_LATER, "none", interval_ms)
+    used = run_python(ASYNCIO_LATER, "use", interval_ms)
+    assert unused.returncode == 0 and used.returncode == 0, unused.stderr + used.stderr
+    assert unused.stderr == used.stderr == ""
+    lines, used_lines = unused.stdout.splitlines(), used.stdout.splitlines()
+    assert lines[:2] == ["during: False", "after: False []"]
+    assert lines[3] == "empty: [] [] [] True"
+    assert used_lines[:2] == ["during: False", "after: True []"]
+    assert lines[2] == used_lines[2]          # the same keys, with or without a loop
+    # Imported after start(), asyncio is hooked at once: the task's two steps around its
+    # one await, whose wait lies inside what the program measured around it.
+    _, steps, waited_by_aioprof, waited = used_lines[3].split()
+    assert int(steps) == 2
+    assert 0.5 * float(waited) <= float(waited_by_aioprof) <= float(waited) + 1e-3
+
+
+def test_second_profiler_refused_while_one_waits_for_asyncio():
+    proc = run_python("""\
+        import sys, aioprof
+        p = aioprof.Profiler().start()
+        try:
+            aioprof.Profiler().start()
+        except RuntimeError as e:
+            print("refused:", e)
+        p.stop()
+        aioprof.Profiler().start().stop()
+        print("asyncio" in sys.modules)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "refused: an aioprof profiler is already running in this process", "False"]

@@ -238,3 +238,40 @@ def test_report_file_survives_a_run_killed_by_sigkill(tmp_path):
     assert report.read_text().startswith("aioprof: wall ")
     assert report.stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quick.py", "report.txt", "server.py"]
+
+
+# -- aioprof's own threads take no signal meant for the program ----------------------------
+THREAD_MASKS = """\
+    import asyncio, os, signal
+
+    def blocked(tid):   # the signals a thread blocks, from the kernel's view of it
+        with open(f"/proc/self/task/{tid}/status") as f:
+            line = next(l for l in f if l.startswith("SigBlk:"))
+        mask = int(line.split()[1], 16)
+        return {s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP,
+                            signal.SIGUSR1) if mask >> (s - 1) & 1}
+
+    async def main():
+        await asyncio.sleep(0.01)
+        others = [int(t) for t in os.listdir("/proc/self/task") if int(t) != os.getpid()]
+        print(len(others), all(len(blocked(t)) == 5 for t in others), len(blocked(os.getpid())))
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("options", [[], ["--interval", "1"], ["--listen"]],
+                         ids=["watchdog", "sampler", "listen"])
+def test_aioprof_threads_block_the_programs_signals(tmp_path, options):
+    """A signal sent to the process goes to a thread that does not block it, any of them:
+    one that reached the watchdog, the sampler or the live server would run the program's
+    Python handler late (the main thread's time.sleep or read is not interrupted), so each
+    of aioprof's threads is born with the asynchronous signals blocked; the main thread's
+    mask is the program's."""
+    prog = write(tmp_path / "masks.py", THREAD_MASKS)
+    proc = subprocess.run([sys.executable, "-m", "aioprof", "-o", str(tmp_path / "r.txt"),
+                           *options, str(prog)], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    n, all_blocked, main_blocked = proc.stdout.split()
+    assert int(n) >= 1 and all_blocked == "True" and main_blocked == "0", (proc.stdout, proc.stderr)

@@ -31,8 +31,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
-def regrtest(tests: List[str], extra: List[str], record_dir: Optional[str],
-             interval_ms: float) -> Tuple[int, str]:
+def suite_env(record_dir: Optional[str], interval_ms: float) -> dict:
+    """The environment of a suite run: this aioprof on the path, and with `record_dir`,
+    site/ too, whose sitecustomize starts aioprof in every process and records there."""
     env = dict(os.environ)
     env.pop("PYTHONSAFEPATH", None)
     path = [str(REPO / "src")] + [p for p in [env.get("PYTHONPATH")] if p]
@@ -43,6 +44,12 @@ def regrtest(tests: List[str], extra: List[str], record_dir: Optional[str],
     else:
         env.pop("AIOPROF_SUITE_DIR", None)
     env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def regrtest(tests: List[str], extra: List[str], record_dir: Optional[str],
+             interval_ms: float) -> Tuple[int, str]:
+    env = suite_env(record_dir, interval_ms)
     # -w: regrtest runs a failed test once more on its own (its timing tests can fail on a
     # loaded machine); the run passes if that rerun passes, and regrtest names the test.
     cmd = [sys.executable, "-m", "test", "-j2", "-w", *extra, *tests]
@@ -64,7 +71,12 @@ def failed_tests(output: str) -> List[str]:
     return sorted(set(names))
 
 
-def check_records(record_dir: str) -> List[str]:
+REGRTEST_WORKER = r"libregrtest.worker|--worker-args"
+
+
+def check_records(record_dir: str, workers_re: Optional[str] = REGRTEST_WORKER) -> List[str]:
+    """What is wrong with the sitecustomize records of a run: none written, none of a worker
+    process (whose argv matches `workers_re`, unless None), no task profiled, a warning."""
     problems = []
     records = []
     for f in sorted(Path(record_dir).glob("*.json")):
@@ -72,16 +84,18 @@ def check_records(record_dir: str) -> List[str]:
             records.append(json.loads(f.read_text()))
         except ValueError as e:
             problems.append(f"{f.name}: unreadable record ({e})")
-    workers = [r for r in records if re.search(r"libregrtest.worker|--worker-args", " ".join(r["argv"]))]
-    if not workers:
-        problems.append(f"no regrtest worker ran under aioprof ({len(records)} records)")
+    workers = [r for r in records if workers_re and re.search(workers_re, " ".join(r["argv"]))]
+    if not records or (workers_re and not workers):
+        problems.append(f"no {'regrtest worker' if workers_re else 'process'} ran under aioprof "
+                        f"({len(records)} records)")
     if not any(r["tasks"] for r in records):
         problems.append("no process profiled a task")
     for r in records:
         if r["warnings"]:
             problems.append(f"aioprof warnings in {r['argv']}: {r['warnings']}")
-    print(f"run_stdlib: {len(records)} processes ran under aioprof ({len(workers)} regrtest "
-          f"workers), {sum(r['tasks'] for r in records)} tasks in all", flush=True)
+    print(f"{len(records)} processes ran under aioprof"
+          + (f" ({len(workers)} regrtest workers)" if workers_re else "")
+          + f", {sum(r['tasks'] for r in records)} tasks in all", flush=True)
     return problems
 
 
@@ -108,16 +122,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             prc, pout = regrtest(failed, args.regrtest_args, None, 0)
             own = set(failed_tests(pout)) if prc != 0 else set()
-            if own:
-                print(f"run_stdlib: failing without aioprof too (the interpreter's own): "
-                      f"{' '.join(sorted(own))}")
-            ours = [t for t in failed if t not in own]
-            if ours:
-                problems.append(f"fail under aioprof only: {' '.join(ours)}")
-    took = time.monotonic() - t0
+            problems += own_failures("run_stdlib", failed, own, "the interpreter's own")
+    return verdict("run_stdlib", "", problems, t0)
+
+
+def own_failures(tag: str, failed: List[str], own: set, whose: str) -> List[str]:
+    """Print the tests of `failed` that fail without aioprof too (`own`); the problem of
+    those that fail under aioprof only."""
+    if own:
+        print(f"{tag}: failing without aioprof too ({whose}): {' '.join(sorted(own))}")
+    ours = [t for t in failed if t not in own]
+    return [f"fail under aioprof only: {' '.join(ours)}"] if ours else []
+
+
+def verdict(tag: str, name: str, problems: List[str], t0: float) -> int:
+    """Print the problems and the closing line; the exit status."""
     for p in problems:
-        print(f"run_stdlib: FAILED: {p}")
-    print(f"run_stdlib: {'FAILED' if problems else 'passed'} in {took:.0f} s "
+        print(f"{tag}: FAILED: {p}")
+    print(f"{tag}: {name}{'FAILED' if problems else 'passed'} in {time.monotonic() - t0:.0f} s "
           f"(python {sys.version.split()[0]})", flush=True)
     return 1 if problems else 0
 

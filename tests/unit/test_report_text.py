@@ -465,7 +465,7 @@ def test_write_uses_ascii_ellipsis_for_ascii_streams():
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"format": "xml"}, "unknown report format 'xml' (choose from text, json, collapsed, trace, pprof)"),
+    ({"format": "xml"}, "unknown report format 'xml' (choose from text, json, collapsed, trace, pprof, html)"),
     ({"sort": "wall"}, "unknown sort key 'wall' (choose from busy, cpu, scheduled, idle, steps, max)"),
     ({"by": "thread"}, "unknown view 'thread' (choose from coroutine, task, site, callback, stack, process)"),
     ({"limit": -1}, "limit must be an int >= 0"),

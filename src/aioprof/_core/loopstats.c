@@ -93,20 +93,6 @@ ap_loop_t *ap_loop_get(ap_session_t *s, PyObject *loop, ap_ns_t now)
     return l;
 }
 
-void ap_loop_free(ap_loop_t *l)
-{
-    Py_XDECREF(l->wr);
-    Py_XDECREF(l->type_name);
-    Py_XDECREF(l->module);
-    Py_XDECREF(l->thread_name);
-    PyMem_RawFree(l->ring);
-    ap_hist_free(&l->tick_hist);
-    ap_hist_free(&l->handles_hist);
-    ap_hist_free(&l->lag_hist);
-    ap_hist_free(&l->timer_hist);
-    PyMem_RawFree(l);
-}
-
 /* The loop object is gone or closed: it will run no more handles. */
 static void loop_ended(ap_session_t *s, ap_loop_t *l)
 {

@@ -1,190 +1,13 @@
-/* module.c - the aioprof._core module: sessions, faults, thread records and the
- * Python-facing functions (multi-phase init, PEP 489).
+/* module.c - the aioprof._core module: the Python-facing functions (multi-phase init,
+ * PEP 489), and start/stop, which create the session (session.c) and start and stop
+ * the hooks, the sampler and the eager-task watch on it. The top of the core: nothing
+ * calls into it (docs/design.md, "Layers").
  *
  * The session is process-wide (ap_session) because the hooks it feeds are installed
  * on process-wide classes; see hooks.c. */
 #include "monitor.h"
 
 #include <string.h>
-
-ap_session_t *ap_session;
-static uint64_t last_gen;
-
-/* Each thread caches its record; the generation tells a record of an older session
- * (freed at its stop) from the current one. */
-static AP_TLS ap_thread_t *tl_thread;
-static AP_TLS uint64_t tl_gen;
-
-void ap_fault(ap_session_t *s, const char *what)
-{
-    /* Keep the first error's text, switch accounting off, let the program go on. */
-    PyObject *msg = NULL;
-    if (PyErr_Occurred()) {
-        ap_exc_state_t exc;
-        ap_exc_save(&exc);
-        PyObject *val = ap_exc_value(&exc);
-        msg = val ? PyUnicode_FromFormat("internal fault while %s (%s: %S); profiling disabled", what,
-                                         _PyType_Name(Py_TYPE(val)), val)
-                  : NULL;
-        ap_exc_restore(&exc);
-        PyErr_Clear();
-    }
-    if (!msg)
-        msg = PyUnicode_FromFormat("internal fault while %s; profiling disabled", what);
-    if (!msg)
-        PyErr_Clear();
-    if (!s->disabled && msg && PyList_Append(s->faults, msg) < 0)
-        PyErr_Clear();
-    Py_XDECREF(msg);
-    s->disabled = 1;
-}
-
-ap_thread_t *ap_thread_peek(ap_session_t *s)
-{
-    return tl_thread && tl_gen == s->gen ? tl_thread : NULL;
-}
-
-ap_thread_t *ap_thread_get(ap_session_t *s)
-{
-    if (tl_thread && tl_gen == s->gen)
-        return tl_thread;
-    ap_thread_t *th = PyMem_RawCalloc(1, sizeof *th);
-    if (!th) {
-        PyErr_NoMemory();
-        ap_fault(s, "allocating a thread record");
-        return NULL;
-    }
-    th->ident = PyThread_get_thread_ident();
-    th->sampled = ap_sampler_mode(th->ident);
-    th->tstate = PyThreadState_Get();
-    th->cb = AP_NONE;
-    th->cur_ready = -1;
-    th->win_wall = ap_clock_wall();
-    th->win_cpu = ap_clock_cpu();
-    th->next = s->threads;
-    s->threads = th;
-    tl_thread = th;
-    tl_gen = s->gen;
-    return th;
-}
-
-static void session_free(ap_session_t *s)
-{
-    /* Live records that were not kept are owned by the live table only. */
-    for (size_t i = 0; i < s->live.cap; i++) {
-        ap_task_t *t = (ap_task_t *)s->live.vals[i];
-        if (s->live.keys[i] && t && !t->kept)
-            ap_task_free(t);
-    }
-    for (uint32_t i = 0; i < s->n_tasks; i++)
-        ap_task_free(s->tasks[i]);
-    PyMem_RawFree(s->tasks);
-    for (uint32_t i = 0; i < s->n_codes; i++) {
-        Py_XDECREF(s->codes[i].code);
-        Py_XDECREF(s->codes[i].qualname);
-        Py_XDECREF(s->codes[i].filename);
-    }
-    PyMem_RawFree(s->codes);
-    PyMem_RawFree(s->sites);
-    for (uint32_t i = 0; i < s->n_chains; i++)
-        PyMem_RawFree(s->chains[i].sites);
-    PyMem_RawFree(s->chains);
-    for (uint32_t i = 0; i < s->n_coros; i++)
-        ap_hist_free(&s->coros[i].hist);
-    PyMem_RawFree(s->coros);
-    for (uint32_t i = 0; i < s->n_cbs; i++)
-        Py_XDECREF(s->cbs[i].name);
-    PyMem_RawFree(s->cbs);
-    for (uint32_t i = 0; i < s->n_loops; i++)
-        ap_loop_free(s->loops[i]);
-    PyMem_RawFree(s->loops);
-    for (uint32_t i = 0; i < s->n_loop_groups; i++)
-        ap_loop_free(s->loop_groups[i]);
-    PyMem_RawFree(s->loop_groups);
-    while (s->threads) {
-        ap_thread_t *next = s->threads->next;
-        Py_XDECREF(s->threads->tick_ready);
-        Py_XDECREF(s->threads->tick_handle_cls);
-        PyMem_RawFree(s->threads);
-        s->threads = next;
-    }
-    ap_table_free(&s->code_idx);
-    ap_table_free(&s->site_idx);
-    ap_table_free(&s->chain_idx);
-    ap_table_free(&s->cb_idx);
-    ap_table_free(&s->live);
-    ap_table_free(&s->wr_tab);
-    ap_table_free(&s->loop_idx);
-    ap_table_free(&s->line_cache);
-    ap_stacks_free(s);
-    PyMem_RawFree(s->trace);
-    Py_XDECREF(s->faults);
-    Py_XDECREF(s->asyncio_dir);
-    Py_XDECREF(s->aioprof_dir);
-    Py_XDECREF(s->stdlib_dir);
-    Py_XDECREF(s->asyncio_all);
-    Py_XDECREF(s->task_types);
-    Py_XDECREF(s->timer_type);
-    Py_XDECREF(s->wr_task_cb);
-    Py_XDECREF(s->wr_loop_cb);
-    PyMem_RawFree(s);
-}
-
-/* os.path.dirname(module.__file__) + os.sep, as a new reference. */
-static PyObject *package_dir(const char *module)
-{
-    PyObject *m = PyImport_ImportModule(module), *os = NULL, *path = NULL, *file = NULL, *dir = NULL,
-             *sep = NULL, *res = NULL;
-    if (!m || !(os = PyImport_ImportModule("os")) || !(path = PyObject_GetAttrString(os, "path")) ||
-        !(file = PyObject_GetAttrString(m, "__file__")))
-        goto done;
-    PyObject *real = PyObject_CallMethod(path, "realpath", "O", file);
-    if (!real)
-        goto done;
-    dir = PyObject_CallMethod(path, "dirname", "O", real);
-    Py_DECREF(real);
-    if (dir && (sep = PyObject_GetAttrString(os, "sep")))
-        res = PyUnicode_Concat(dir, sep);
-done:
-    Py_XDECREF(m);
-    Py_XDECREF(os);
-    Py_XDECREF(path);
-    Py_XDECREF(file);
-    Py_XDECREF(dir);
-    Py_XDECREF(sep);
-    return res;
-}
-
-/* package_dir(module), computed once per process and then shared by every session: a
- * package does not move while the process runs. realpath() makes one lstat per path
- * component, each releasing and re-taking the GIL; while other threads run busy event
- * loops (each tick releases the GIL for an instant in select and takes it straight back),
- * a thread that released the GIL can wait a long time to get it back (the GIL convoy
- * effect), so start() must not release it a dozen times. New reference or NULL. */
-static PyObject *package_dir_once(const char *module, PyObject **cache)
-{
-    if (!*cache)
-        *cache = package_dir(module);
-    return Py_XNewRef(*cache);
-}
-
-static PyObject *task_types(void)
-{
-    PyObject *tasks = PyImport_ImportModule("asyncio.tasks");
-    if (!tasks)
-        return NULL;
-    PyObject *c = PyObject_GetAttrString(tasks, "Task");
-    PyObject *py = PyObject_GetAttrString(tasks, "_PyTask");
-    Py_DECREF(tasks);
-    if (!py)
-        PyErr_Clear();
-    PyObject *res = NULL;
-    if (c)
-        res = (py && py != c) ? PyTuple_Pack(2, c, py) : PyTuple_Pack(1, c);
-    Py_XDECREF(c);
-    Py_XDECREF(py);
-    return res;
-}
 
 /* ------------------------------------------------------------------ Python API */
 
@@ -217,38 +40,23 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_RuntimeError, "an aioprof profiler is already running in this process");
         return NULL;
     }
-    ap_session_t *s = PyMem_RawCalloc(1, sizeof *s);
+    ap_session_t *s = ap_session_new(module);
     if (!s)
-        return PyErr_NoMemory();
-    s->gen = ++last_gen;
+        return NULL;
     s->max_tasks = (uint64_t)max_tasks;
     s->cpu_window = window;
     s->slow_ns = slow;
     s->sample_interval = interval;
     s->async_stacks = async_stacks;
-    s->faults = PyList_New(0);
-    static PyObject *asyncio_dir, *aioprof_dir, *stdlib_dir;   /* see package_dir_once */
-    s->asyncio_dir = package_dir_once("asyncio", &asyncio_dir);
-    s->aioprof_dir = s->asyncio_dir ? package_dir_once("aioprof", &aioprof_dir) : NULL;
-    s->stdlib_dir = s->aioprof_dir ? package_dir_once("os", &stdlib_dir) : NULL;
-    PyObject *asyncio = s->stdlib_dir ? PyImport_ImportModule("asyncio") : NULL;
-    s->asyncio_all = asyncio ? PyObject_GetAttrString(asyncio, "__all__") : NULL;
-    Py_XDECREF(asyncio);
-    s->task_types = s->asyncio_all ? task_types() : NULL;
-    PyObject *events = s->task_types ? PyImport_ImportModule("asyncio.events") : NULL;
-    s->timer_type = events ? PyObject_GetAttrString(events, "TimerHandle") : NULL;
-    Py_XDECREF(events);
-    s->wr_task_cb = s->timer_type ? PyObject_GetAttrString(module, "_task_died") : NULL;
-    s->wr_loop_cb = s->wr_task_cb ? PyObject_GetAttrString(module, "_loop_died") : NULL;
-    if (!s->faults || !s->wr_loop_cb || ap_trace_init(s, (uint32_t)trace_cap) < 0) {
-        session_free(s);
+    if (ap_trace_init(s, (uint32_t)trace_cap) < 0) {
+        ap_session_free(s);
         return NULL;
     }
     s->t0 = ap_clock_wall();
     ap_session = s;
     if (ap_hooks_acquire() < 0) {
         ap_session = NULL;
-        session_free(s);
+        ap_session_free(s);
         return NULL;
     }
     PyObject *sig_handler = PyObject_GetAttrString(module, "_sample_signal");
@@ -257,7 +65,7 @@ static PyObject *mod_start(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (sampler < 0) {
         ap_hooks_release();
         ap_session = NULL;
-        session_free(s);
+        ap_session_free(s);
         return NULL;
     }
     ap_eager_watch_start(s);
@@ -272,8 +80,9 @@ static PyObject *mod_snapshot(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(u
         return NULL;
     }
     ap_ns_t now = ap_clock_wall();
-    if (!s->disabled && tl_thread && tl_gen == s->gen)
-        ap_cpu_flush(s, tl_thread, now);
+    ap_thread_t *th = s->disabled ? NULL : ap_thread_peek(s);
+    if (th)
+        ap_cpu_flush(s, th, now);
     return ap_snapshot(s, now);
 }
 
@@ -300,7 +109,7 @@ static PyObject *mod_stop(PyObject *module, PyObject *Py_UNUSED(unused))
     PyObject *snap = mod_snapshot(module, NULL);
     s->t_stop = ap_clock_wall();
     ap_session = NULL;
-    session_free(s);
+    ap_session_free(s);
     return snap;
 }
 
@@ -387,6 +196,29 @@ static PyObject *mod_uv_hook(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(un
     Py_RETURN_NONE;
 }
 
+/* Loop monitors (monitor.c) keep the hooks installed while they are open. */
+static PyObject *mod_monitor_add(PyObject *Py_UNUSED(module), PyObject *loop)
+{
+    ap_monitor_t *m = ap_monitor_new(loop);
+    if (!m)
+        return NULL;
+    if (ap_hooks_acquire() < 0) {
+        ap_monitor_discard(m);
+        return NULL;
+    }
+    return ap_monitor_open(m, loop);
+}
+
+static PyObject *mod_monitor_close(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int64_t id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred())
+        return NULL;
+    if (ap_monitor_close(id))
+        ap_hooks_release();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))mod_start, METH_FASTCALL,
      "start(max_tasks, cpu_window_ns, slow_ns): install the hooks and begin a session."},
@@ -400,8 +232,8 @@ static PyMethodDef methods[] = {
     {"clock_ns", mod_clock_ns, METH_NOARGS, "clock_ns() -> int: aioprof's wall clock now (ns)."},
     {"hist_quantiles", (PyCFunction)(void (*)(void))mod_hist_quantiles, METH_FASTCALL,
      "hist_quantiles(values_ns, quantiles) -> list: quantiles of values through aioprof's histogram."},
-    {"monitor_add", ap_monitor_add, METH_O, "monitor_add(loop) -> int: open a loop monitor."},
-    {"monitor_close", ap_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
+    {"monitor_add", mod_monitor_add, METH_O, "monitor_add(loop) -> int: open a loop monitor."},
+    {"monitor_close", mod_monitor_close, METH_O, "monitor_close(id): close a loop monitor."},
     {"monitor_observers", ap_monitor_observers, METH_O, "monitor_observers(id) -> list: its observers."},
     {"monitor_read", ap_monitor_read, METH_O, "monitor_read(id) -> dict: its figures now."},
     {"_sample_signal", (PyCFunction)(void (*)(void))ap_sample_signal, METH_FASTCALL,

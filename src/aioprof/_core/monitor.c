@@ -1,7 +1,8 @@
 /* monitor.c - loop monitors: the loop events for observers, and a loop's load.
  *
  * A monitor watches one event loop and works with or without a profiling session:
- * the hooks stay installed while either exists (ap_hooks_acquire/release). Its figures
+ * the hooks stay installed while either exists (module.c's monitor_add and monitor_close
+ * take and drop a reference on them, ap_hooks_acquire/release). Its figures
  * are computed here in C; Python observers are called only for the monitors that have
  * some, with the event names of the asyncio loop-instrumentation proposal:
  * loop_start(), tick_start(), io_start(timeout), io_end(timeout, events),
@@ -221,7 +222,7 @@ void ap_monitor_io_end(ap_monitor_t *m, ap_ns_t now, Py_ssize_t events)
 
 /* ------------------------------------------------------------------ Python API */
 
-PyObject *ap_monitor_add(PyObject *Py_UNUSED(module), PyObject *loop)
+ap_monitor_t *ap_monitor_new(PyObject *loop)
 {
     if (!str_loop_start) {
         str_loop_start = PyUnicode_InternFromString("loop_start");
@@ -243,16 +244,28 @@ PyObject *ap_monitor_add(PyObject *Py_UNUSED(module), PyObject *loop)
         return NULL;
     }
     ap_monitor_t *m = PyMem_RawCalloc(1, sizeof *m);
-    if (!m)
-        return PyErr_NoMemory();
-    m->loop_wr = PyWeakref_NewRef(loop, NULL);
-    m->observers = PyList_New(0);
-    if (!m->loop_wr || !m->observers || ap_hooks_acquire() < 0) {
-        Py_XDECREF(m->loop_wr);
-        Py_XDECREF(m->observers);
-        PyMem_RawFree(m);
+    if (!m) {
+        PyErr_NoMemory();
         return NULL;
     }
+    m->loop_wr = PyWeakref_NewRef(loop, NULL);
+    m->observers = PyList_New(0);
+    if (!m->loop_wr || !m->observers) {
+        ap_monitor_discard(m);
+        return NULL;
+    }
+    return m;
+}
+
+void ap_monitor_discard(ap_monitor_t *m)
+{
+    Py_XDECREF(m->loop_wr);
+    Py_XDECREF(m->observers);
+    PyMem_RawFree(m);
+}
+
+PyObject *ap_monitor_open(ap_monitor_t *m, PyObject *loop)
+{
     m->id = ++next_id;
     m->loop = (uintptr_t)loop;
     m->created = m->updated = ap_clock_wall();
@@ -271,11 +284,8 @@ PyObject *ap_monitor_add(PyObject *Py_UNUSED(module), PyObject *loop)
     return PyLong_FromLongLong(m->id);
 }
 
-PyObject *ap_monitor_close(PyObject *Py_UNUSED(module), PyObject *arg)
+int ap_monitor_close(int64_t id)
 {
-    int64_t id = PyLong_AsLongLong(arg);
-    if (id == -1 && PyErr_Occurred())
-        return NULL;
     for (int i = 0; i < n_monitors; i++) {
         if (monitors[i]->id != id)
             continue;
@@ -283,13 +293,10 @@ PyObject *ap_monitor_close(PyObject *Py_UNUSED(module), PyObject *arg)
         monitors[i] = monitors[--n_monitors];
         ap_monitor_count = n_monitors;
         ap_monitor_epoch++;
-        Py_XDECREF(m->loop_wr);
-        Py_XDECREF(m->observers);
-        PyMem_RawFree(m);
-        ap_hooks_release();
-        Py_RETURN_NONE;
+        ap_monitor_discard(m);
+        return 1;
     }
-    Py_RETURN_NONE;   /* closing twice is harmless */
+    return 0;   /* closing twice is harmless */
 }
 
 PyObject *ap_monitor_observers(PyObject *Py_UNUSED(module), PyObject *arg)

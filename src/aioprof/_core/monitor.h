@@ -27,10 +27,18 @@ void ap_monitor_io_end(ap_monitor_t *m, ap_ns_t now, Py_ssize_t events);
 void ap_monitor_step_begin(ap_monitor_t *m, ap_ns_t now);
 void ap_monitor_step_end(ap_monitor_t *m, ap_ns_t now);
 
-/* Module functions: monitor_add(loop) -> id; monitor_close(id);
- * monitor_observers(id) -> the observer list (mutable); monitor_read(id) -> dict. */
-PyObject *ap_monitor_add(PyObject *module, PyObject *loop);
-PyObject *ap_monitor_close(PyObject *module, PyObject *id);
+/* Opening a monitor, for module.c's monitor_add(loop) -> id, which takes a reference
+ * on the hooks between the two steps: new checks the loop has none and allocates (NULL
+ * with an error set); open registers it and returns its id (never fails once new
+ * succeeded but for the int: NULL with an error); discard frees an unopened one. */
+ap_monitor_t *ap_monitor_new(PyObject *loop);
+PyObject *ap_monitor_open(ap_monitor_t *m, PyObject *loop);
+void ap_monitor_discard(ap_monitor_t *m);
+/* Close the monitor `id`: 1, or 0 if there is none (closed already); module.c's
+ * monitor_close(id) then drops its reference on the hooks. */
+int ap_monitor_close(int64_t id);
+/* Module functions: monitor_observers(id) -> the observer list (mutable);
+ * monitor_read(id) -> dict. */
 PyObject *ap_monitor_observers(PyObject *module, PyObject *id);
 PyObject *ap_monitor_read(PyObject *module, PyObject *id);
 

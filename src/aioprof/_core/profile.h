@@ -282,18 +282,40 @@ typedef struct {
 
 extern ap_session_t *ap_session;
 
-/* --- session (module.c) --- */
+/* --- session.c --- */
+/* A new session (no hooks, no sampler: module.c starts them), with its faults list and
+ * what it looks up once (package directories, task types); NULL with an error set. */
+ap_session_t *ap_session_new(PyObject *module);
+/* Free a session and every record it holds. */
+void ap_session_free(ap_session_t *s);
+/* Release a task record's references and memory. */
+void ap_task_free(ap_task_t *t);
+/* The same of a loop record, and of the async stack tables (s->frames, s->stacks). */
+void ap_loop_free(ap_loop_t *l);
+void ap_stacks_free(ap_session_t *s);
+/* Grow a zero-filled dynamic array so that index n is valid; 0, or -1 (no error set). */
+int ap_grow(void **arr, uint32_t *cap, size_t elem, uint32_t n);
 /* Record an internal fault: the message goes to the report's warnings, accounting
  * stops for the rest of the session, and the Python error (if any) is cleared. */
 void ap_fault(ap_session_t *s, const char *what);
-/* The calling thread's record, created on first use; NULL (and a fault) on no memory. */
+/* How threads are sampled, for the thread records made from now on: written by the
+ * sampler (stacks.c) when it starts and stops, read here (no call up into it). started:
+ * a sampler or watchdog thread runs (else no thread is sampled); main_ident: the main
+ * thread's PyThread ident; main_mode: AP_SAMPLE_LOOP when the main thread samples
+ * itself, else 0 (every sampled thread is then AP_SAMPLE_GIL). */
+typedef struct {
+    int started;
+    int main_mode;
+    unsigned long main_ident;
+} ap_sampling_t;
+extern ap_sampling_t ap_sampling;
+/* The calling thread's record, created on first use; NULL (and a fault) on no memory.
+ * Its `sampled` is 0 (sampling off), AP_SAMPLE_GIL or AP_SAMPLE_LOOP, by ap_sampling. */
 ap_thread_t *ap_thread_get(ap_session_t *s);
 /* This thread's record, or NULL if it has none yet (creates none). */
 ap_thread_t *ap_thread_peek(ap_session_t *s);
 
-/* --- tasks.c --- */
-/* Grow a zero-filled dynamic array so that index n is valid; 0, or -1 (no error set). */
-int ap_grow(void **arr, uint32_t *cap, size_t elem, uint32_t n);
+/* --- code.c --- */
 /* Index of the code record of `code` (borrowed), creating it; AP_NONE on error. */
 uint32_t ap_code_get(ap_session_t *s, PyObject *code);
 /* Index of the site (code, line); AP_NONE on error. */
@@ -303,6 +325,18 @@ int ap_frame_line(ap_session_t *s, PyFrameObject *f, PyObject *code);
 /* The task behind a loop callback (borrowed), or NULL when it is not a task step.
  * s may be NULL (loop monitors without a session): then any task step's shape counts. */
 PyObject *ap_task_of_callback(ap_session_t *s, PyObject *callback);
+/* Is obj a task (of s->task_types; any object when s is NULL)? */
+int ap_is_task(ap_session_t *s, PyObject *obj);
+/* The interned await chain `coro` is suspended in now (walked from the outermost
+ * coroutine down cr_await / gi_yieldfrom); AP_NONE if none or on error. */
+uint32_t ap_chain_of(ap_session_t *s, PyObject *coro);
+/* The await site of a chain: its innermost frame outside asyncio. */
+uint32_t ap_chain_site(ap_session_t *s, uint32_t chain);
+/* The innermost line of a chain in the program's own code (not in the standard library,
+ * site-/dist-packages or aioprof), or AP_NONE. */
+uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain);
+
+/* --- tasks.c --- */
 /* The record of a live task object, or NULL if not seen yet. */
 ap_task_t *ap_task_find(ap_session_t *s, PyObject *task);
 /* First sight of a task (in call_soon or at a step). fresh: 1 = created just now,
@@ -327,14 +361,6 @@ void ap_task_wake(ap_session_t *s, ap_thread_t *th, ap_task_t *t, ap_ns_t ready,
 void ap_task_step_begin(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now);
 /* step_end returns the task's new state; after AP_DONE the record may be freed. */
 int ap_task_step_end(ap_session_t *s, ap_thread_t *th, ap_task_t *t, PyObject *task, ap_ns_t now);
-/* The interned await chain `coro` is suspended in now (walked from the outermost
- * coroutine down cr_await / gi_yieldfrom); AP_NONE if none or on error. */
-uint32_t ap_chain_of(ap_session_t *s, PyObject *coro);
-/* The await site of a chain: its innermost frame outside asyncio. */
-uint32_t ap_chain_site(ap_session_t *s, uint32_t chain);
-/* The innermost line of a chain in the program's own code (not in the standard library,
- * site-/dist-packages or aioprof), or AP_NONE. */
-uint32_t ap_chain_user_site(ap_session_t *s, uint32_t chain);
 /* Charge one suspension of `idle` ns to every line of the chain and to the task's
  * await sites. 0, or -1 on out of memory (error set). */
 int ap_chain_charge(ap_session_t *s, ap_task_t *t, uint32_t chain, ap_ns_t idle);
@@ -349,8 +375,6 @@ uint32_t ap_cb_get(ap_session_t *s, PyObject *callback);
 uint32_t ap_creation_site(ap_session_t *s, const ap_thread_t *th, int *by_loop, uint32_t *via);
 /* Read the task's name again (it may have been set after creation). Never fails. */
 void ap_task_refresh_name(ap_task_t *t, PyObject *task);
-/* Release a task record's references and memory. */
-void ap_task_free(ap_task_t *t);
 /* Weak-reference callback: the task object died (possibly never finished). */
 PyObject *ap_task_died(PyObject *module, PyObject *wr);
 
@@ -370,7 +394,6 @@ void ap_loop_slow(ap_session_t *s, ap_loop_t *l, const ap_slow_t *rec);
 void ap_loop_ring_push(ap_loop_t *l, uintptr_t handle, ap_ns_t ready);
 /* Ready time of a plain handle queued by call_soon, or -1 if it was not (I/O). */
 ap_ns_t ap_loop_ring_pop(ap_loop_t *l, uintptr_t handle);
-void ap_loop_free(ap_loop_t *l);
 PyObject *ap_loop_died(PyObject *module, PyObject *wr);
 /* Fold the ended loops past AP_LOOPS_ENDED_KEEP into s->loop_groups; with check_closed,
  * first mark the loops the program closed (is_closed(), Python code) as ended. Never
@@ -383,8 +406,6 @@ void ap_stack_charge_idle(ap_session_t *s, PyObject *task, ap_task_t *t, uint32_
 /* Start/stop the sampler thread (no-op when sampling is off). start: 0 or -1 with error. */
 int ap_sampler_start(ap_session_t *s, PyObject *signal_handler);
 void ap_sampler_stop(void);
-/* How the thread `ident` is sampled: 0 (sampling off), AP_SAMPLE_GIL or AP_SAMPLE_LOOP. */
-int ap_sampler_mode(unsigned long ident);
 PyObject *ap_sample_signal(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* This thread begins (begin = 1) or ends (0) a handle at `now`: for the sampler. */
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin);
@@ -393,7 +414,6 @@ void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin);
 uint32_t ap_sampler_blocked_at(const ap_thread_t *th);
 /* Add frames/samples/idle_stacks/blocking to a snapshot dict; 0 or -1 with error. */
 int ap_stacks_snapshot(ap_session_t *s, PyObject *doc);
-void ap_stacks_free(ap_session_t *s);
 
 /* --- trace.c --- */
 int ap_trace_init(ap_session_t *s, uint32_t capacity);

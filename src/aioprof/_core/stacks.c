@@ -294,15 +294,12 @@ static uint32_t running_stack(ap_session_t *s, ap_thread_t *th, PyFrameObject *f
  * handle, so select is never charged. At most one loop-thread request is outstanding. */
 static struct {
     pthread_t thread;
-    int started;
     atomic_int busy;           /* GIL-sampled threads inside a handle */
     atomic_int main_busy;      /* the main thread is inside a handle */
     atomic_int outstanding;    /* a main-thread sample was requested, not yet taken */
     atomic_int queued;         /* our pending call is in the interpreter's queue */
     atomic_ullong gen;         /* the running sampler's generation; bumped at stop */
     struct timespec interval;
-    unsigned long main_ident;  /* PyThread ident (pthread_self) of the main thread */
-    int main_mode;             /* AP_SAMPLE_LOOP when the main thread samples itself */
     atomic_int signum;         /* 3.10-3.12: the signal, 0 if none could be had or held */
     clockid_t main_cpu;        /* the main thread's CPU-time clock (3.10-3.12) */
     int has_main_cpu;
@@ -570,7 +567,7 @@ static void request_main(unsigned long long gen)
         else if (signal_due() && atomic_exchange(&S.handled, 0)) {
             /* Never a second one while the last is pending (blocked in C code, which
              * the guard on pthread_sigmask does not see): real-time signals queue. */
-            pthread_kill((pthread_t)S.main_ident, sig);
+            pthread_kill((pthread_t)ap_sampling.main_ident, sig);
             atomic_fetch_add_explicit(&S.step_signals, 1, memory_order_relaxed);
         }
     }
@@ -672,7 +669,7 @@ static void *sampler_main(void *arg)
 {
     unsigned long long gen = (unsigned long long)(uintptr_t)arg;
     while (sampler_sleep(gen)) {
-        if (S.main_mode && atomic_load_explicit(&S.main_busy, memory_order_relaxed) > 0)
+        if (ap_sampling.main_mode && atomic_load_explicit(&S.main_busy, memory_order_relaxed) > 0)
             request_main(gen);
         if (atomic_load_explicit(&S.busy, memory_order_relaxed) == 0)
             continue;   /* every other loop is between handles or in select */
@@ -707,7 +704,7 @@ static int sampling_signal(PyObject *handler)
     if (installed && signal_still_ours(installed))
         return installed;
     installed = 0;   /* none yet, or the program took ours over: find another free one */
-    if (PyThread_get_thread_ident() != S.main_ident)
+    if (PyThread_get_thread_ident() != ap_sampling.main_ident)
         return 0;
     PyObject *mod = PyImport_ImportModule("signal");
     if (!mod) {
@@ -757,7 +754,7 @@ static PyObject *guarded[2];       /* _signal.signal, _signal.pthread_sigmask as
  * no more, and any signal already sent has been handled by the trampoline. */
 static int signal_hold(PyObject *signum)
 {
-    if (!S.started || PyThread_get_thread_ident() != S.main_ident || !PyLong_Check(signum))
+    if (!ap_sampling.started || PyThread_get_thread_ident() != ap_sampling.main_ident || !PyLong_Check(signum))
         return 0;
     int overflow;
     long n = PyLong_AsLongAndOverflow(signum, &overflow);
@@ -789,7 +786,7 @@ static int signal_resume(int sig)
 {
     pthread_mutex_lock(&S.send_lock);
     int ours = signal_still_ours(sig);
-    if (S.started && !atomic_load(&S.signum) && !S.masked && ours)
+    if (ap_sampling.started && !atomic_load(&S.signum) && !S.masked && ours)
         atomic_store(&S.signum, sig);
     pthread_mutex_unlock(&S.send_lock);
     return ours;
@@ -803,8 +800,8 @@ static void signal_fallback(int lost)
     if (lost >= SIGRTMIN && lost - SIGRTMIN < 64)
         S.taken |= 1ull << (lost - SIGRTMIN);
     ap_session_t *s = ap_session;
-    if (!S.started || S.main_mode != AP_SAMPLE_LOOP || !S.handler || !s ||
-        PyThread_get_thread_ident() != S.main_ident)
+    if (!ap_sampling.started || ap_sampling.main_mode != AP_SAMPLE_LOOP || !S.handler || !s ||
+        PyThread_get_thread_ident() != ap_sampling.main_ident)
         return;
     pthread_mutex_lock(&S.send_lock);
     int busy = atomic_load(&S.signum) || S.masked;
@@ -818,7 +815,7 @@ static void signal_fallback(int lost)
     if (sig && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 && sigismember(&cur, sig) == 1)
         sig = 0;   /* blocked in the main thread: not usable now */
     pthread_mutex_lock(&S.send_lock);
-    if (sig && S.started && !atomic_load(&S.signum) && !S.masked) {
+    if (sig && ap_sampling.started && !atomic_load(&S.signum) && !S.masked) {
         atomic_store(&S.handled, 1);
         atomic_store(&S.signum, sig);
     }
@@ -844,7 +841,7 @@ static void signal_fallback(int lost)
  * be; after it, sending resumes only if the main thread does not block the signal. */
 static int mask_hold(void)
 {
-    if (!S.started || PyThread_get_thread_ident() != S.main_ident)
+    if (!ap_sampling.started || PyThread_get_thread_ident() != ap_sampling.main_ident)
         return 0;
     pthread_mutex_lock(&S.send_lock);
     int sig = atomic_load(&S.signum);
@@ -878,7 +875,7 @@ static PyObject *signal_guard(PyObject *Py_UNUSED(self), PyObject *const *args, 
 {
     int held = PyVectorcall_NARGS(nargsf) >= 1 ? signal_hold(args[0]) : 0;
     PyObject *r = PyObject_Vectorcall(guarded[0], args, nargsf, kwnames);
-    if (r && S.started && !held && PyVectorcall_NARGS(nargsf) >= 2 && args[1] != S.handler &&
+    if (r && ap_sampling.started && !held && PyVectorcall_NARGS(nargsf) >= 2 && args[1] != S.handler &&
         PyLong_Check(args[0])) {
         /* A real-time signal the program set itself is the program's: never taken later
          * in this session, even if it is left at the default. */
@@ -974,7 +971,7 @@ static void signal_fallback(int Py_UNUSED(lost)) {}
  * and is not waited for (it leaves once it has the GIL). */
 static void fork_prepare(void)
 {
-    if (S.started && S.watch && S.watch_joinable) {
+    if (ap_sampling.started && S.watch && S.watch_joinable) {
         pthread_mutex_lock(&S.watch_lock);
         atomic_fetch_add(&S.gen, 1);
         pthread_cond_broadcast(&S.watch_cond);
@@ -1007,8 +1004,8 @@ static int sampler_thread_start(void);
 static void watch_restart(void)
 {
     if (atomic_load_explicit(&S.watch_restart, memory_order_relaxed) && atomic_exchange(&S.watch_restart, 0) &&
-        S.started && sampler_thread_start() < 0)
-        S.started = 0;   /* no thread: the slow steps still come, without their lines */
+        ap_sampling.started && sampler_thread_start() < 0)
+        ap_sampling.started = 0;   /* no thread: the slow steps still come, without their lines */
 }
 
 static int restart_pending(void *Py_UNUSED(arg))
@@ -1057,18 +1054,32 @@ static void fork_child(void)
     atomic_store(&S.watch_wants_gil, 0);
     atomic_fetch_add(&S.gen, 1);
     atomic_store(&S.signum, 0);
-    S.started = 0;
-    S.main_mode = 0;
+    ap_sampling.started = 0;
+    ap_sampling.main_mode = 0;
     S.masked = 0;
     atomic_store(&S.handled, 1);
 }
 
 /* Start the sampler (or watchdog) thread of a new generation: 0, or -1. The watchdog
- * stays joinable (a fork waits for it to leave); the sampler is detached. */
+ * stays joinable (a fork waits for it to leave); the sampler is detached.
+ * The thread is born with every asynchronous signal blocked: a signal sent to the process
+ * (SIGTERM, SIGINT, SIGCHLD, ...) must go to the program's threads. The kernel may give it
+ * to any thread that does not block it, and a Python handler run from another thread
+ * does not interrupt the main thread's blocking call (time.sleep, a read): the program
+ * would see its SIGTERM only once that call returned. */
 static int sampler_thread_start(void)
 {
     unsigned long long gen = atomic_fetch_add(&S.gen, 1) + 1;
-    if (pthread_create(&S.thread, NULL, S.watch ? watchdog_main : sampler_main, (void *)(uintptr_t)gen) != 0) {
+    sigset_t all, old;
+    sigfillset(&all);
+    const int sync_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof sync_signals / sizeof sync_signals[0]; i++)
+        sigdelset(&all, sync_signals[i]);   /* faults of the thread itself */
+    int masked = pthread_sigmask(SIG_BLOCK, &all, &old) == 0;
+    int rc = pthread_create(&S.thread, NULL, S.watch ? watchdog_main : sampler_main, (void *)(uintptr_t)gen);
+    if (masked)
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
         atomic_fetch_add(&S.gen, 1);
         return -1;
     }
@@ -1101,9 +1112,9 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     atomic_store(&S.main_busy, 0);
     atomic_store(&S.outstanding, 0);
     atomic_store(&S.queued, 0);
-    S.main_ident = main_thread_ident();
+    ap_sampling.main_ident = main_thread_ident();
     atomic_store(&S.signum, 0);
-    S.main_mode = 0;
+    ap_sampling.main_mode = 0;
     S.has_main_cpu = 0;
     if (S.watch) {
         /* every thread GIL-sampled, the main thread too: no signal, no pending call */
@@ -1111,21 +1122,21 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
     } else {
 #if PY_VERSION_HEX >= 0x030D0000
         (void)signal_handler;   /* a pending call reaches the main thread at once */
-        S.main_mode = S.main_ident ? AP_SAMPLE_LOOP : 0;
+        ap_sampling.main_mode = ap_sampling.main_ident ? AP_SAMPLE_LOOP : 0;
 #else
         if (signal_handler && !S.handler)
             S.handler = Py_NewRef(signal_handler);
         S.taken = 0;
         S.warned = 0;
         atomic_store(&S.lost, 0);
-        int sig = S.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
+        int sig = ap_sampling.main_ident && signal_handler ? sampling_signal(signal_handler) : 0;
         if (sig && signal_guard_install() < 0) {
             PyErr_Clear();   /* unguarded, the signal is not sent: the GIL sampler instead */
             sig = 0;
         }
         atomic_store(&S.signum, sig);
-        S.main_mode = sig ? AP_SAMPLE_LOOP : 0;
-        S.has_main_cpu = sig && pthread_getcpuclockid((pthread_t)S.main_ident, &S.main_cpu) == 0;
+        ap_sampling.main_mode = sig ? AP_SAMPLE_LOOP : 0;
+        S.has_main_cpu = sig && pthread_getcpuclockid((pthread_t)ap_sampling.main_ident, &S.main_cpu) == 0;
         S.probe_cpu = -1;
         atomic_store(&S.handled, 1);
         S.masked = 0;
@@ -1154,13 +1165,13 @@ int ap_sampler_start(ap_session_t *s, PyObject *signal_handler)
         PyErr_SetString(PyExc_RuntimeError, "aioprof: cannot start the sampler thread");
         return -1;
     }
-    S.started = 1;
+    ap_sampling.started = 1;
     return 0;
 }
 
 void ap_sampler_stop(void)
 {
-    if (!S.started)
+    if (!ap_sampling.started)
         return;
     /* Under send_lock: once the generation moved, this sampler sends nothing more. */
     pthread_mutex_lock(&S.send_lock);
@@ -1175,15 +1186,8 @@ void ap_sampler_stop(void)
         S.watch_joinable = 0;
     }
     atomic_store(&S.watch_restart, 0);
-    S.started = 0;
+    ap_sampling.started = 0;
     signal_guard_remove();
-}
-
-int ap_sampler_mode(unsigned long ident)
-{
-    if (!S.started)
-        return 0;
-    return S.main_mode && ident == S.main_ident ? S.main_mode : AP_SAMPLE_GIL;
 }
 
 void ap_sampler_step(ap_thread_t *th, ap_ns_t now, int begin)
@@ -1322,14 +1326,4 @@ done:
     Py_XDECREF(idle);
     Py_XDECREF(blocking);
     return rc;
-}
-
-void ap_stacks_free(ap_session_t *s)
-{
-    for (uint32_t i = 0; i < s->n_stacks; i++)
-        PyMem_RawFree(s->stacks[i].frames);
-    PyMem_RawFree(s->stacks);
-    PyMem_RawFree(s->frames);
-    ap_table_free(&s->stack_idx);
-    ap_table_free(&s->frame_idx);
 }

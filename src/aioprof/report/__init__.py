@@ -4,7 +4,8 @@
 ``json`` writes the document itself; ``collapsed`` writes folded stacks for flame graphs
 (`aioprof.report.collapsed`); ``trace`` writes Chrome trace-event JSON
 (`aioprof.report.trace`); ``pprof`` writes a gzipped pprof profile (`aioprof.report.pprof`,
-binary). See docs/stacks.md.
+binary); ``html`` writes one self-contained page (`aioprof.report.html`, docs/html.md).
+See docs/stacks.md.
 """
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import json
 import os
 from typing import IO, Optional
 
-from aioprof.report import collapsed, pprof, text, trace
+from aioprof.report import collapsed, html, pprof, text, trace
 
 __all__ = ["BINARY_FORMATS", "FLAMES", "FORMATS", "SORTS", "VIEWS", "write"]
 
-FORMATS = ("text", "json", "collapsed", "trace", "pprof")
+FORMATS = ("text", "json", "collapsed", "trace", "pprof", "html")
 BINARY_FORMATS = ("pprof",)
 SORTS = text.SORTS
 VIEWS = text.VIEWS
@@ -50,10 +51,12 @@ def write(doc: dict, *, format: str = "text", file: IO, sort: str = "busy",
     `flame` ("cpu", the default, "idle" or "wall").
     format "trace": ``json.dump`` of `aioprof.report.trace.render` (compact), then a
     newline.
+    format "html": the page of `aioprof.report.html.render` (at most 2 MB; it shows
+    the parts the document has and says which it lacks).
     format "pprof": the gzipped profile.proto of `aioprof.report.pprof.render` (bytes).
     A text stream is flushed and its ``buffer`` gets the bytes; a terminal is refused.
     `flame` only matters for "collapsed"; the text options do not change "collapsed",
-    "trace" or "pprof" (they are still checked).
+    "trace", "pprof" or "html" (they are still checked).
 
     Raises ValueError for an unknown format, sort, by or flame, a bad limit or width,
     (collapsed, trace) a document without the part the format needs, or (pprof) a
@@ -70,6 +73,9 @@ def write(doc: dict, *, format: str = "text", file: IO, sort: str = "busy",
         return
     if format == "collapsed":
         file.write(collapsed.render(doc, flame))
+        return
+    if format == "html":
+        file.write(html.render(doc))
         return
     if format == "trace":
         obj = trace.render(doc)
