@@ -430,8 +430,9 @@ def publish_multiprocess(profiler: Any, interval_s: float = 1.0,
     counters increased by their growth since the last publish (so the merged counter is
     the sum over the processes, dead ones included); the gauge ``aioprof_tasks`` with
     ``multiprocess_mode="livesum"`` (the live processes' sum), ``aioprof_loop_utilization``
-    and ``aioprof_loop_load`` with ``"liveall"`` (a ``pid`` label per process; a loop
-    that has ended has NaN); the lag histogram bucket by bucket, exactly. At
+    and ``aioprof_loop_load`` with ``"liveall"`` (a ``pid`` label per process); the lag
+    histogram bucket by bucket, exactly. A loop that ends moves to ``loop="ended"``: under
+    its own label its counters go back to 0 and its gauges become NaN. At
     ``profiler.stop()`` a last publish gives the final figures, and the thread ends.
 
     Raises ValueError if neither ``PROMETHEUS_MULTIPROC_DIR`` nor
