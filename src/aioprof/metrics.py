@@ -15,12 +15,21 @@ definitions: docs/prometheus.md. Every time is in seconds, every counter ends in
 ``_total``, read from the core's figures at each scrape: a scrape never runs the program's
 code and holds the GIL only while the core copies its per-coroutine and per-loop totals
 (no per-task records).
+
+Under ``prometheus_client``'s multiprocess mode (gunicorn), `publish_multiprocess(profiler)`
+writes the same metrics into the library's per-process value files instead, which one
+``MultiProcessCollector`` merges over all the processes (docs/prometheus.md).
 """
 from __future__ import annotations
 
+import _thread
+import math
+import os
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["ProfilerCollector", "LAG_BUCKETS", "DEFAULT_TOP", "OTHER", "ENDED", "monitor_metrics"]
+__all__ = ["ProfilerCollector", "LAG_BUCKETS", "DEFAULT_TOP", "OTHER", "ENDED", "monitor_metrics",
+           "publish_multiprocess", "MultiprocessPublisher", "MULTIPROCESS_GAUGES"]
 
 # Lag histogram bounds: powers of two of nanoseconds, from 4.096 us to 17.2 s. They are
 # edges of aioprof's own histogram (8 buckets per power of two), so the bucket counts are
@@ -244,3 +253,197 @@ class ProfilerCollector:
                     value = out[coro][key]
                     fams.add("counter", name, doc_text, ("coroutine",), (coro,),
                              value / 1e9 if key.endswith("_ns") else float(value))
+
+
+# How MultiProcessCollector merges each gauge over the processes: the live tasks are
+# summed over the live processes; a loop's ratios are per process (a "pid" label).
+MULTIPROCESS_GAUGES = {"aioprof_tasks": "livesum", "aioprof_loop_utilization": "liveall",
+                       "aioprof_loop_load": "liveall"}
+MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
+class MultiprocessPublisher:
+    """Copies the figures of a `ProfilerCollector` into ``prometheus_client`` metric
+    objects, whose values multiprocess mode keeps in this process's value files: made by
+    `publish_multiprocess`, which documents it. `publish()` publishes now; `stop()` makes
+    a last publish and ends the thread (idempotent; `Profiler.stop()` calls it)."""
+
+    def __init__(self, profiler: Any, interval_s: float = 1.0, top: int = DEFAULT_TOP) -> None:
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) \
+                or not math.isfinite(interval_s) or interval_s <= 0:
+            raise ValueError(f"interval_s must be a number > 0, not {interval_s!r}")
+        self.collector = ProfilerCollector(profiler, top=top)
+        self.profiler = profiler
+        self.interval_s = float(interval_s)
+        self._metrics: Dict[str, Any] = {}          # family name -> prometheus_client metric
+        # counter samples published: key -> (prometheus_client value object, total)
+        self._last: Dict[Tuple[str, Tuple[str, ...]], Tuple[Any, float]] = {}
+        self._seen: set = set()                     # keys of this publish
+        self._gauges: Dict[str, set] = {}           # gauge -> label values set last time
+        self._lock = _thread.allocate_lock()        # one publish at a time
+        self._wake = _thread.allocate_lock()        # released by stop(): the thread ends
+        self._wake.acquire()
+        self._stopped = False
+        self.failed: Optional[str] = None           # the fault that ended publishing
+
+    def start(self) -> "MultiprocessPublisher":
+        self.profiler._stop_hooks.append(self.stop)
+        _thread.start_new_thread(self._run, ())
+        return self
+
+    def _run(self) -> None:
+        while not self._wake.acquire(timeout=self.interval_s):
+            self.publish()
+        self._wake.release()
+
+    def stop(self) -> None:
+        """The last publish (the profiler's final figures after its stop()), then no more."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.publish(final=True)
+        self._wake.release()
+
+    def publish(self, final: bool = False) -> None:
+        """Write the figures of now into the value files (counters by their increase since
+        the last publish). A fault stops publishing, with one warning."""
+        with self._lock:
+            if self.failed is not None or (self._stopped and not final):
+                return
+            try:
+                seen = set()
+                self._seen = set()
+                for fam in self.collector.collect():
+                    self._family(fam)
+                    seen.add(fam.name)
+                for name in set(self._gauges) - seen:   # all its loops ended
+                    self._gone(name, set())
+                self._drop_vanished()
+            except Exception as e:   # never hurt the program: publishing stops
+                self.failed = f"{type(e).__name__}: {e}"
+                warnings.warn(f"aioprof: multiprocess metrics stopped ({self.failed})",
+                              RuntimeWarning, stacklevel=2)
+
+    def _metric(self, fam: Any, labels: Sequence[str]) -> Any:
+        metric = self._metrics.get(fam.name)
+        if metric is None:
+            import prometheus_client as pc
+            kw: Dict[str, Any] = {"registry": None}    # only the value files see them
+            if fam.type == "gauge":
+                cls = pc.Gauge
+                kw["multiprocess_mode"] = MULTIPROCESS_GAUGES[fam.name]
+            elif fam.type == "counter":
+                cls = pc.Counter
+            else:
+                cls = pc.Histogram
+                kw["buckets"] = [b / 1e9 for b in LAG_BUCKETS]
+            metric = self._metrics[fam.name] = cls(fam.name, fam.documentation, list(labels), **kw)
+        return metric
+
+    def _increase(self, value_object: Any, key: Tuple[str, Tuple[str, ...]], value: float) -> None:
+        """Add to `value_object` (prometheus_client's value of one sample) what `value`
+        changed since the last publish, so that its total is `value`. The change is
+        signed: the core revises a pending task's idle time down when it learns the task
+        was ready earlier (a ProfilerCollector's counter does the same), and the final
+        totals must be the report's."""
+        last = self._last.get(key)
+        delta = value - (last[1] if last is not None else 0.0)
+        if delta:
+            value_object.inc(delta)
+        self._last[key] = (value_object, value)
+        self._seen.add(key)
+
+    def _drop_vanished(self) -> None:
+        """Series the collector no longer gives (a loop that ended: its figures moved to
+        loop="ended") go back to 0, so the sum over the loops stays the true total (a
+        value file cannot drop a series; Prometheus reads the drop as a counter reset)."""
+        for key in set(self._last) - self._seen:
+            value_object, value = self._last.pop(key)
+            if value:
+                value_object.inc(-value)
+
+    def _family(self, fam: Any) -> None:
+        if fam.type == "histogram":
+            self._histogram(fam)
+            return
+        labels = list(fam.samples[0].labels) if fam.samples else []
+        metric = self._metric(fam, labels)
+        if fam.type == "gauge":
+            now = set()
+            for s in fam.samples:
+                values = tuple(s.labels[k] for k in labels)
+                metric.labels(*values).set(s.value)
+                now.add(values)
+            self._gone(fam.name, now)
+            return
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                values = tuple(s.labels[k] for k in labels)
+                self._increase(metric.labels(*values)._value, (fam.name, values), s.value)
+
+    def _gone(self, name: str, now: set) -> None:
+        """Gauge `name` has the series `now`: those it had and has no more (a loop that
+        ended) become NaN (a gauge's value file cannot drop a series)."""
+        for values in self._gauges.get(name, set()) - now:
+            self._metrics[name].labels(*values).set(math.nan)
+        self._gauges[name] = now
+
+    def _histogram(self, fam: Any) -> None:
+        """The lag histogram: each bucket's count (not cumulative, as prometheus_client
+        keeps them) and the sum increased by what they grew since the last publish, so
+        the merged histogram is the exact sum of the processes' own."""
+        by_series: Dict[Tuple[str, ...], Dict[str, float]] = {}
+        names: List[str] = []
+        for s in fam.samples:
+            if s.name.endswith("_bucket") or s.name.endswith("_sum"):
+                names = [k for k in s.labels if k != "le"]
+                values = tuple(s.labels[k] for k in names)
+                key = s.labels.get("le", "_sum")
+                by_series.setdefault(values, {})[key] = s.value
+        if not by_series:
+            return
+        metric = self._metric(fam, names)
+        for values, series in by_series.items():
+            child = metric.labels(*values)
+            buckets, sums = child._buckets, child._sum   # prometheus_client's value objects
+            from prometheus_client.utils import floatToGoString
+            bounds = [floatToGoString(b / 1e9) for b in LAG_BUCKETS] + ["+Inf"]
+            below = 0.0
+            for i, bound in enumerate(bounds):
+                cumulative = series.get(bound, below)
+                self._increase(buckets[i], (fam.name + "_bucket", values + (bound,)), cumulative - below)
+                below = cumulative
+            self._increase(sums, (fam.name + "_sum", values), series.get("_sum", 0.0))
+
+
+def publish_multiprocess(profiler: Any, interval_s: float = 1.0,
+                         top: int = DEFAULT_TOP) -> MultiprocessPublisher:
+    """Publish the metrics of `profiler` (a started `aioprof.Profiler`) through
+    ``prometheus_client``'s multiprocess mode, for a ``MultiProcessCollector`` in another
+    process (gunicorn's master) to merge with those of the other workers.
+
+    A daemon thread (``_thread``) reads the profiler's totals every `interval_s` seconds
+    (what a `ProfilerCollector` with this `top` reads at a scrape: never the report's
+    snapshot) and writes them into ``prometheus_client`` metrics of the same names,
+    types and labels, which multiprocess mode keeps in this process's value files:
+    counters increased by their growth since the last publish (so the merged counter is
+    the sum over the processes, dead ones included); the gauge ``aioprof_tasks`` with
+    ``multiprocess_mode="livesum"`` (the live processes' sum), ``aioprof_loop_utilization``
+    and ``aioprof_loop_load`` with ``"liveall"`` (a ``pid`` label per process); the lag
+    histogram bucket by bucket, exactly. A loop that ends moves to ``loop="ended"``: under
+    its own label its counters go back to 0 and its gauges become NaN. At
+    ``profiler.stop()`` a last publish gives the final figures, and the thread ends.
+
+    Raises ValueError if neither ``PROMETHEUS_MULTIPROC_DIR`` nor
+    ``prometheus_multiproc_dir`` is set (without one the values would stay in this
+    process), or for a bad `interval_s` / `top`; RuntimeError if the profiler is not
+    running; ImportError without ``prometheus_client``.
+    """
+    if not any(os.environ.get(name) for name in MULTIPROC_ENV):
+        raise ValueError("publish_multiprocess needs PROMETHEUS_MULTIPROC_DIR set (prometheus_client's "
+                         "multiprocess mode)")
+    if not profiler.running:
+        raise RuntimeError("publish_multiprocess needs a running profiler")
+    import prometheus_client  # noqa: F401  (ImportError before the thread starts)
+    return MultiprocessPublisher(profiler, interval_s, top).start()

@@ -278,6 +278,9 @@ class Profiler:
         self._running = False
         self._watches: list = []       # _ImportWatch entries of this run, on sys.meta_path
         self._core_started = False
+        # Called (no arguments) at the end of stop(), once the final figures are kept:
+        # aioprof.metrics.publish_multiprocess's last publish.
+        self._stop_hooks: list = []
         self.listen = listen
         self._listen = _listen_target(listen)
         self._server: Any = None
@@ -387,6 +390,9 @@ class Profiler:
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
+            hooks, self._stop_hooks = self._stop_hooks, []
+            for hook in hooks:
+                hook()
         return self
 
     def _unhook(self) -> None:

@@ -1,5 +1,5 @@
 """gunicorn with 2 workers, each serving its own aioprof metrics, as docs/prometheus.md
-("Several processes") tells: the test runs the configuration printed there (read from the
+("Without multiprocess mode") tells: the test runs the configuration printed there (read from the
 doc itself, with its ports moved to free ones), sends requests until both workers have
 answered some, and reads each worker's /metrics. Each worker's count of request-handler
 tasks must be the number of requests it answered (the responses carry its pid), and its
@@ -27,10 +27,11 @@ DEADLINE = 60.0
 WORKERS = 2
 
 
-def documented_config() -> str:
+def documented_config(kind: str = ": each worker") -> str:
+    """The gunicorn.conf.py block of docs/prometheus.md whose first line goes on with `kind`."""
     text = (REPO / "docs" / "prometheus.md").read_text(encoding="utf-8")
-    m = re.search(r"```python\n(# gunicorn\.conf\.py.*?)```", text, re.S)
-    assert m, "docs/prometheus.md has no gunicorn.conf.py block"
+    m = re.search(r"```python\n(# gunicorn\.conf\.py" + re.escape(kind) + r".*?)```", text, re.S)
+    assert m, f"docs/prometheus.md has no gunicorn.conf.py{kind} block"
     return m.group(1)
 
 
@@ -66,6 +67,17 @@ def samples(body: str, name: str) -> dict:
             labels, value = line[len(name) + 1:].rsplit("} ", 1)
             out[labels] = float(value)
     return out
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """gunicorn's graceful stop (SIGTERM: the workers included), killed past `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +132,7 @@ def workers(tmp_path_factory):
                 break
             time.sleep(0.1)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)   # gunicorn's graceful stop, workers included
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
         log.close()
     return answered, scraped, respawned
 

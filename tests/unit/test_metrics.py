@@ -385,3 +385,130 @@ def test_loop_monitor_collector_under_uvloop_leaves_out_what_uvloop_hides():
     (_, labels, busy), = fams["aioprof_loop_busy_seconds"][1]
     assert labels["type"] == "Loop"
     assert 0 <= busy <= after["busy_s"]
+
+
+# -- multiprocess mode (publish_multiprocess) ----------------------------------------------
+MULTIPROC_PROGRAM = r"""
+import asyncio, json, sys, time
+import aioprof
+from aioprof.metrics import publish_multiprocess
+
+async def worker(n):
+    for _ in range(n):
+        time.sleep(0.002)             # busy
+        await asyncio.sleep(0.001)    # idle
+
+async def main(n):
+    await asyncio.gather(*(asyncio.create_task(worker(n)) for _ in range(3)))
+
+p = aioprof.Profiler().start()
+publish_multiprocess(p, interval_s=0.01)     # publishes many times during the run
+asyncio.run(main(int(sys.argv[1])))
+p.stop()                                     # the last publish: the final figures
+with open(sys.argv[2], "w") as f:
+    json.dump(p.stats(), f)
+"""
+
+
+@pytest.fixture(scope="module")
+def multiprocess_runs(tmp_path_factory):
+    """Two processes, each profiled and publishing into one PROMETHEUS_MULTIPROC_DIR,
+    and each one's own JSON report; then the merged exposition of a MultiProcessCollector
+    here (prometheus_client reads the value files, whatever this process's mode)."""
+    import json
+    import subprocess
+    from prometheus_client import multiprocess
+
+    tmp = tmp_path_factory.mktemp("multiproc")
+    mdir = tmp / "prom"
+    mdir.mkdir()
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(mdir), PYTHONPATH=os.pathsep.join(
+        [os.path.join(os.path.dirname(__file__), "..", "..", "src")]
+        + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    procs = [subprocess.Popen([sys.executable, "-c", MULTIPROC_PROGRAM, str(n), str(tmp / f"r{n}.json")],
+                              env=env, stderr=subprocess.PIPE, text=True) for n in (20, 30)]
+    reports = []
+    for proc, n in zip(procs, (20, 30)):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "aioprof" not in err, err            # no warning: publishing never failed
+        reports.append(json.loads((tmp / f"r{n}.json").read_text()))
+    reg = CollectorRegistry()
+    multiprocess.MultiProcessCollector(reg, path=str(mdir))
+    return reports, reg, [p.pid for p in procs]
+
+
+def test_multiprocess_merged_equals_the_sum_of_the_reports(multiprocess_runs):
+    reports, reg, _ = multiprocess_runs
+    for coro in ("worker", "main"):
+        rows = [next(r for r in rep["coroutines"] if r["coroutine"] == coro) for rep in reports]
+        for key in ("busy", "idle", "scheduled"):
+            merged = value(reg, f"aioprof_coroutine_{key}_seconds_total", coroutine=coro)
+            assert exact_ns(merged) == sum(exact_ns(row[f"{key}_s"]) for row in rows), (coro, key)
+        assert value(reg, "aioprof_coroutine_steps_total", coroutine=coro) == sum(r["steps"] for r in rows)
+        assert value(reg, "aioprof_coroutine_tasks_total", coroutine=coro) == sum(r["tasks"] for r in rows)
+    # The programs' own structure: 3 workers of n+1 steps each, in each process.
+    assert value(reg, "aioprof_coroutine_tasks_total", coroutine="worker") == 6
+    assert value(reg, "aioprof_coroutine_steps_total", coroutine="worker") == 3 * 21 + 3 * 31
+    # Each loop's counters went from its own series (loop="1", while it ran) to
+    # loop="ended": summed over the loops, the value files give each total once.
+    busy = sum(s.value for m in reg.collect() if m.name == "aioprof_loop_busy_seconds"
+               for s in m.samples if s.name.endswith("_total"))
+    assert exact_ns(busy) == sum(exact_ns(loop["busy_s"]) for rep in reports for loop in rep["loops"])
+    assert reg.get_sample_value("aioprof_loop_handles_total", dict(
+        loop="1", type="_UnixSelectorEventLoop", thread="MainThread")) in (None, 0.0)
+    # The lag histograms of the ended loops, merged bucket by bucket: a valid histogram
+    # whose count is every handle the two loops ran.
+    count = value(reg, "aioprof_loop_lag_seconds_count", loop="ended", type="", thread="")
+    assert count == sum(loop["lag_count"] for rep in reports for loop in rep["loops"])
+    assert value(reg, "aioprof_loop_lag_seconds_bucket", loop="ended", type="", thread="", le="+Inf") == count
+    assert value(reg, "aioprof_tasks_finished_total", state="done") == sum(
+        sum(1 for t in rep["tasks"] if t.get("state") == "done") for rep in reports)
+
+
+def test_multiprocess_names_and_types_parse(multiprocess_runs):
+    _, reg, pids = multiprocess_runs
+    fams = exposition(reg)
+    assert fams["aioprof_coroutine_busy_seconds"][0] == "counter"
+    assert fams["aioprof_coroutine_steps"][0] == "counter"
+    assert fams["aioprof_tasks_finished"][0] == "counter"
+    assert fams["aioprof_loop_lag_seconds"][0] == "histogram"
+    assert fams["aioprof_tasks"][0] == "gauge"
+    # Live tasks are summed over the processes (none alive now: the dead were not marked).
+    assert value(reg, "aioprof_tasks", state="running") == 0
+    # Per-process gauges carry a pid; the loops ended, so their utilization is NaN.
+    utils = fams["aioprof_loop_utilization"][1]
+    assert {s[1]["pid"] for s in utils} == {str(p) for p in pids}
+    assert all(math.isnan(s[2]) for s in utils)
+    bounds = [float(s[1]["le"]) for s in fams["aioprof_loop_lag_seconds"][1]
+              if s[0].endswith("_bucket") and s[1]["loop"] == "ended"]
+    assert bounds == [b / 1e9 for b in LAG_BUCKETS] + [math.inf]
+
+
+def test_publish_multiprocess_needs_the_directory(monkeypatch):
+    from aioprof.metrics import publish_multiprocess
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
+        monkeypatch.delenv(name, raising=False)
+    with aioprof.Profiler() as p:
+        with pytest.raises(ValueError, match="PROMETHEUS_MULTIPROC_DIR"):
+            publish_multiprocess(p)
+
+
+def test_a_publishing_fault_stops_it_with_one_warning(fake_clock):
+    from aioprof.metrics import MultiprocessPublisher
+
+    def broken():
+        raise OSError("disk full")
+
+    with aioprof.Profiler(cpu_window_ms=1e-6) as p:
+        asyncio.run(two_jobs(fake_clock))
+        pub = MultiprocessPublisher(p, interval_s=60)   # no thread: publish() by hand
+        pub.publish()
+        busy = pub._metrics["aioprof_coroutine_busy_seconds"].labels("job")._value.get()
+        assert exact_ns(busy) == 11 * MS
+        pub.collector.collect = broken
+        with pytest.warns(RuntimeWarning, match="multiprocess metrics stopped .OSError: disk full") as w:
+            pub.publish()
+            pub.publish()
+        assert len([x for x in w if "multiprocess" in str(x.message)]) == 1
+        assert pub.failed == "OSError: disk full"
