@@ -49,12 +49,17 @@ def _seconds(value_ns: Optional[int]) -> Optional[float]:
 class _Families:
     """The metric families of one collect(), created on first use, in a fixed order."""
 
-    def __init__(self) -> None:
+    def __init__(self, high: Optional[Dict[Tuple[str, Tuple[str, ...]], float]] = None) -> None:
         from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                             HistogramMetricFamily)
         self.kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily,
                       "histogram": HistogramMetricFamily}
         self.families: Dict[str, Any] = {}
+        # With `high` (counter sample -> the most it has shown), a counter never shows
+        # less than it showed before: a pending task's idle time counts up to now and is
+        # revised down when its wake-up turns out to have been earlier (a hand-over from
+        # another thread); Prometheus would read a drop as a counter reset.
+        self.high = high
 
     def add(self, kind: str, name: str, doc: str, labels: Sequence[str], values: Sequence[str],
             value: Optional[float] = None, **kw: Any) -> None:
@@ -67,8 +72,12 @@ class _Families:
             fam = self.families[name] = self.kinds[kind](name, doc, labels=list(labels))
         if kind == "histogram":
             fam.add_metric(list(values), kw["buckets"], kw["sum_value"])
-        else:
-            fam.add_metric(list(values), value)
+            return
+        if kind == "counter" and self.high is not None and value is not None:
+            key = (name, tuple(values))
+            value = max(value, self.high.get(key, value))
+            self.high[key] = value
+        fam.add_metric(list(values), value)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.families.values())
@@ -157,31 +166,42 @@ class ProfilerCollector:
     its label, so every counter only grows), the rest summed as ``coroutine="other"``.
     asyncio's own coroutines are always in "other".
 
+    Counters never go down from one collect to the next (Prometheus reads a drop as a
+    reset): a pending task's idle and scheduled time count up to the moment of the collect
+    and can be revised down by a few ms at its wake-up, so a counter shows the most it
+    has shown until the figure passes it again (the final figures can then be above the
+    report's by that revision).
+
     Args:
         profiler: the `aioprof.Profiler` to read.
         top: coroutines with a label of their own (int >= 0, default 20).
+        monotonic: keep counters from going down (default True; False gives the core's
+            figures as they are, for callers that handle decreases themselves).
     """
 
-    def __init__(self, profiler: Any, top: int = DEFAULT_TOP) -> None:
+    def __init__(self, profiler: Any, top: int = DEFAULT_TOP, monotonic: bool = True) -> None:
         if isinstance(top, bool) or not isinstance(top, int) or top < 0:
             raise ValueError(f"top must be an int >= 0, not {top!r}")
         self.profiler = profiler
         self.top = top
         self._chosen: Dict[str, None] = {}   # coroutines with their own label, in order chosen
+        self._high: Optional[Dict[Tuple[str, Tuple[str, ...]], float]] = {} if monotonic else None
+        self._lock = _thread.allocate_lock()   # scrapes may come from several threads
 
     def describe(self) -> List[Any]:
         """Nothing: the families depend on the run (registering never reads the core)."""
         return []
 
     def collect(self) -> Iterator[Any]:
-        fams = _Families()
-        doc = self.profiler._metrics()
-        if doc is None:
+        with self._lock:
+            fams = _Families(self._high)
+            doc = self.profiler._metrics()
+            if doc is None:
+                return iter(fams)
+            self._loops(fams, doc)
+            self._tasks(fams, doc)
+            self._coroutines(fams, doc)
             return iter(fams)
-        self._loops(fams, doc)
-        self._tasks(fams, doc)
-        self._coroutines(fams, doc)
-        return iter(fams)
 
     def _loops(self, fams: _Families, doc: Dict[str, Any]) -> None:
         running = [rec for rec in doc["loops"] if not rec.get("destroyed")]
@@ -272,7 +292,8 @@ class MultiprocessPublisher:
         if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) \
                 or not math.isfinite(interval_s) or interval_s <= 0:
             raise ValueError(f"interval_s must be a number > 0, not {interval_s!r}")
-        self.collector = ProfilerCollector(profiler, top=top)
+        # (the core's figures as they are: counters are written as signed changes)
+        self.collector = ProfilerCollector(profiler, top=top, monotonic=False)
         self.profiler = profiler
         self.interval_s = float(interval_s)
         self._metrics: Dict[str, Any] = {}          # family name -> prometheus_client metric

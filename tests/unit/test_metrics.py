@@ -512,3 +512,33 @@ def test_a_publishing_fault_stops_it_with_one_warning(fake_clock):
             pub.publish()
         assert len([x for x in w if "multiprocess" in str(x.message)]) == 1
         assert pub.failed == "OSError: disk full"
+
+
+class _Figures:
+    """A profiler stand-in whose core figures are set by the test (ns)."""
+
+    def __init__(self):
+        self.idle_ns = 0
+
+    def _metrics(self):
+        return {"loops": [], "loops_folded": [], "tasks_now": {"idle": 1}, "tasks_ended": {},
+                "coroutines": [{"coroutine": "handler", "busy_ns": 5 * MS, "scheduled_ns": 0,
+                                "idle_ns": self.idle_ns, "cpu_ns": 0, "steps": 2, "tasks": 1,
+                                "slow_steps": 0}]}
+
+
+def test_counters_never_go_down_between_scrapes():
+    """A pending task's idle time counts up to the scrape and is revised down by a few ms
+    when its wake-up turns out to have been earlier (a hand-over from another thread): the
+    collector's counter keeps the most it showed until the figure passes it again, as
+    Prometheus counters must; monotonic=False gives the core's figures as they are."""
+    figures = _Figures()
+    reg, raw = registry_of(ProfilerCollector(figures)), registry_of(ProfilerCollector(figures, monotonic=False))
+    shown = []
+    for idle_ms in (10, 14, 11, 13, 20):   # revised down twice
+        figures.idle_ns = idle_ms * MS
+        shown.append((exact_ns(value(reg, "aioprof_coroutine_idle_seconds_total", coroutine="handler")),
+                      exact_ns(value(raw, "aioprof_coroutine_idle_seconds_total", coroutine="handler"))))
+    assert shown == [(10 * MS, 10 * MS), (14 * MS, 14 * MS), (14 * MS, 11 * MS), (14 * MS, 13 * MS),
+                     (20 * MS, 20 * MS)]
+    assert value(reg, "aioprof_coroutine_busy_seconds_total", coroutine="handler") == 0.005
