@@ -651,8 +651,9 @@ def _profiler_kwargs(opts: argparse.Namespace) -> dict:
             "listen": opts.listen}   # None: AIOPROF_LISTEN decides
 
 
-def _check(opts: argparse.Namespace) -> None:
-    """Option combinations that cannot give a report (raises _Error)."""
+def _check(opts: argparse.Namespace, options: Sequence[str] = ()) -> None:
+    """Option combinations that cannot give a report (raises _Error); `options`: the
+    options as written."""
     if opts.listen is not None:
         from aioprof.live import ListenError, listen_target
 
@@ -661,14 +662,18 @@ def _check(opts: argparse.Namespace) -> None:
         except (ListenError, ValueError) as e:
             raise _Error(str(e)) from None
     if opts.format == "collapsed" and opts.flame in ("cpu", "wall") and _interval_ms(opts) == 0:
-        raise _Error(f"argument --flame: {opts.flame} needs samples, but --interval 0 "
-                     f"turns sampling off")
+        raise _Error(f"argument --interval: 0 turns sampling off, but --format collapsed "
+                     f"--flame {opts.flame}{'' if '--flame' in _given(options) else ' (its default)'} "
+                     f"needs samples (--flame idle needs none)")
     _check_binary(opts.format, opts.output)
 
 
 def _check_binary(format: str, output: Optional[str]) -> None:
     """A binary format goes to -o FILE, or to -o - when stdout is not a terminal (raises
     _Error), never to stderr."""
+    if format == "html" and output is None and report._is_terminal(sys.stderr):
+        raise _Error("--format html writes a whole page: give -o FILE.html (or -o - into a "
+                     "pipe), not to a terminal")
     if format not in report.BINARY_FORMATS:
         return
     if output is None:
@@ -709,7 +714,7 @@ def _setup(argv: Sequence[str]) -> Tuple[_Program, _Session]:
     """Parse argv and check everything that can fail before the program starts."""
     options, kind, target, args = _split(argv)
     opts = _parser().parse_args(options)
-    _check(opts)
+    _check(opts, options)
     ignored = _ignored(options, opts)
     if ignored:
         _say(f"warning: {' and '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing "

@@ -90,7 +90,34 @@ def load_core() -> Any:
         if "subinterpreter" in str(e):
             raise ImportError(_SUBINTERPRETER, name="aioprof._core") from None
         raise
+    _check_core(_core)
     return _core
+
+
+_core_checked = False
+
+
+def _check_core(core: Any) -> None:
+    """An in-place build older than the Python code (sources changed, `make build` not
+    run) lacks functions the code calls, and would fail only at stop(), after the whole
+    program ran unprofiled: compare the module with the functions its stub
+    (`_core.pyi`, next to it) declares, once, and raise ImportError naming the first
+    missing one."""
+    global _core_checked
+    if _core_checked:
+        return
+    stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_core.pyi")
+    try:
+        with open(stub, encoding="utf-8") as f:
+            declared = [line[4:].split("(", 1)[0] for line in f if line.startswith("def ")]
+    except OSError:   # no stub shipped: nothing to compare with
+        declared = []
+    missing = [name for name in declared if not hasattr(core, name)]
+    if missing:
+        raise ImportError(f"{core.__file__} is older than aioprof's Python code (it has no "
+                          f"{missing[0]}()): rebuild it (make build, or pip install .)",
+                          name="aioprof._core")
+    _core_checked = True
 
 
 class _ImportWatch:

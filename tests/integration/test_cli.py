@@ -504,3 +504,23 @@ def test_version_and_help(tmp_path):
     for option in ("-o", "--output FILE", "--format", "--sort", "--limit N", "--by", "--show-internal",
                    "--max-tasks N", "--cpu-window MS", "--slow-ms MS", "-m MODULE"):
         assert option in usage.stdout.decode()
+
+
+def test_a_core_older_than_the_python_code_stops_before_the_program(tmp_path):
+    """An in-place build older than the sources (a function the stub declares is missing:
+    `make build` not run after a pull) is an error before the program starts, in one
+    line with exit 2, not a run that goes unprofiled and fails at its end."""
+    import shutil
+
+    pkg = tmp_path / "site" / "aioprof"
+    shutil.copytree(_import_root() / "aioprof", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(pkg / "_core.pyi", "a", encoding="utf-8") as f:
+        f.write("\ndef brand_new_function() -> None: ...\n")
+    (tmp_path / "prog.py").write_text("print('the program ran')\n")
+    env = dict(_env(), PYTHONPATH=str(tmp_path / "site"))
+    proc = subprocess.run([sys.executable, "-m", "aioprof", "prog.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("aioprof: error: cannot start the profiler: ") and \
+        "has no brand_new_function()" in line and "make build" in line, line

@@ -465,7 +465,11 @@ def test_trace_buffer_keeps_the_newest_events(run_aioprof, tmp_path):
     (["--flame", "gpu"], re.escape("argument --flame: invalid choice: 'gpu'")
      + "(, maybe you meant 'cpu'\\?)?" + re.escape(" (choose from 'cpu', 'idle', 'wall')")),
     (["--format", "collapsed", "--interval", "0"],
-     re.escape("argument --flame: cpu needs samples, but --interval 0 turns sampling off")),
+     re.escape("argument --interval: 0 turns sampling off, but --format collapsed --flame cpu "
+               "(its default) needs samples (--flame idle needs none)")),
+    (["--format", "collapsed", "--flame", "wall", "--interval", "0"],
+     re.escape("argument --interval: 0 turns sampling off, but --format collapsed --flame wall "
+               "needs samples (--flame idle needs none)")),
 ])
 def test_bad_options_one_line_exit_2(run_aioprof, tmp_path, args, message):
     prog = write(tmp_path / "p.py", "print('ran')\n")
