@@ -248,6 +248,9 @@ def report_main(argv: Sequence[str]) -> NoReturn:
         what = opts.files[0] if len(opts.files) == 1 else f"these {len(opts.files)} reports"
         _say(f"error: cannot write --format {opts.format} from {what}: {e}")
         raise SystemExit(1) from None
+    except BrokenPipeError:   # `... | head`: the reader has what it wanted
+        _reader_gone()
+        raise SystemExit(1) from None
     except OSError as e:
         _say(f"error: could not write the report: {e}")
         raise SystemExit(1) from None
@@ -603,6 +606,8 @@ class _Session:
         self.written = True
         try:
             self._write(flush)
+        except BrokenPipeError:   # -o - | head: the reader has what it wanted
+            _reader_gone(sys.stdout if self.opts.output == "-" else _stderr())
         except BaseException as e:
             _say(f"error: could not write the report: {type(e).__name__}: {e}")
 
@@ -631,6 +636,23 @@ class _Session:
         note = report.trace.dropped_note(doc)   # silent drops were issue 7, item 11
         for line in notes + ([note] if note else []):
             _say(line)
+
+
+def _reader_gone(stream: Optional[IO[str]] = None) -> None:
+    """The pipe the report went into (`stream`, default stdout) was closed by its reader
+    (`| head`): no error, and the stream's descriptor points at /dev/null, so that the
+    interpreter's flush at exit raises no second BrokenPipeError (Python's documented
+    way, "Note on SIGPIPE"). Other streams are left alone."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    os.close(devnull)
 
 
 def _interval_ms(opts: argparse.Namespace) -> float:

@@ -103,3 +103,26 @@ def test_a_script_named_report_runs_as_dot_slash(tmp_path):
     done = aioprof("-o", os.devnull, "./report", cwd=tmp_path)
     assert done.returncode == 0 and done.stdout == "the script ran\n"
     _one_line_error(aioprof("report", cwd=tmp_path), 2, "(to run the script named report, write ./report)")
+
+
+def _into_closed_pipe(args, cwd):
+    """Run `python -m aioprof *args` with stdout a pipe whose reader is gone (as after
+    `| head` has read its lines): (exit status, stderr)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        done = subprocess.run([sys.executable, "-m", "aioprof", *map(str, args)], stdout=w,
+                              stderr=subprocess.PIPE, text=True, env=_env(), cwd=cwd, timeout=120)
+    finally:
+        os.close(w)
+    return done.returncode, done.stderr
+
+
+def test_a_reader_that_stops_reading_is_no_error(saved, tmp_path):
+    """`aioprof report r.json | head` and `python -m aioprof -o - prog.py | head`: the
+    closed pipe is not reported as an error (nothing on stderr); the re-render exits 1 as
+    Python's note on SIGPIPE advises, a run keeps the program's exit status."""
+    assert _into_closed_pipe(["report", saved / "coroutine.json", "--format", "json"], saved) == (1, "")
+    prog = tmp_path / "p.py"
+    prog.write_text("import asyncio, sys\nasyncio.run(asyncio.sleep(0))\nsys.exit(3)\n")
+    assert _into_closed_pipe(["--format", "json", "-o", "-", prog], tmp_path) == (3, "")
