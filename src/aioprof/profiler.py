@@ -412,8 +412,8 @@ class Profiler:
             with self._metrics_lock:   # (a scrape or a live snapshot in another thread)
                 self._final_metrics = load_core().metrics() if self._core_started else None
                 raw = self._raw(stop=True)
+                self._core_started = False
             self._final = self._document(raw, self._start_unix_s)
-            self._core_started = False
             # One warning per fault, once: the run goes on without profiling.
             for message in self._final.get("warnings", []):
                 warnings.warn(f"aioprof: {message}", RuntimeWarning, stacklevel=2)
@@ -521,7 +521,10 @@ class Profiler:
         records; the final ones after stop(), None if never started. Safe to call from
         any thread (a metrics scrape)."""
         with self._metrics_lock:
-            if self._running and self._final_metrics is None:
+            # Not `self._running`: stop() clears it before it takes this lock to read the
+            # final figures, and a scrape in between must still get the core's (a scrape
+            # that got nothing there saw every counter drop to 0, on 3.15 in CI).
+            if self._final_metrics is None and self._core_started:
                 try:
                     return load_core().metrics()
                 except RuntimeError:   # stopped meanwhile, by the core itself
