@@ -183,7 +183,12 @@ SERVER = """\
         print("ready", flush=True)
         if mode == "default":
             print("never flushed")        # lost with the process, as under plain python
-        await asyncio.sleep(60)
+        # Short sleeps, not one of 60 s: a SIGTERM that arrives after the loop's last
+        # check for signals and before it enters select runs the Python handler only when
+        # select returns (CPython's race without a wakeup fd; aioprof's select hook makes
+        # the window a little wider, and a loaded machine can preempt there).
+        for _ in range(1200):
+            await asyncio.sleep(0.05)
 
     asyncio.run(serve())
 """
